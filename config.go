@@ -1,0 +1,316 @@
+package hybridlimit
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/benbjohnson/clock"
+
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// Mode selects where a Limiter's decisions are made. The zero value is
+// ModeLocal.
+type Mode uint8
+
+const (
+	// ModeLocal decides on this node's own counters. It needs no store and
+	// does no I/O; N nodes behind a load balancer admit up to N times the
+	// limit between them.
+	ModeLocal Mode = iota
+	// ModeAsync decides on this node's counters plus the cluster totals
+	// merged at the last sync; a background loop pushes this node's
+	// increments to the store and pulls the merged totals back every
+	// SyncRate. Decisions do no I/O; the cluster can overshoot the limit by
+	// what the other nodes admit within one sync period.
+	ModeAsync
+	// ModeSynchronous decides every request in the store, atomically: one
+	// round trip per decision, and never more admitted across the cluster
+	// than the rules allow.
+	ModeSynchronous
+)
+
+// String returns "local", "async" or "synchronous".
+func (m Mode) String() string {
+	switch m {
+	case ModeLocal:
+		return "local"
+	case ModeAsync:
+		return "async"
+	case ModeSynchronous:
+		return "synchronous"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+// WindowType selects how a Rule counts. The zero value is Sliding.
+type WindowType uint8
+
+const (
+	// Sliding estimates the count over the last Window as the current
+	// window's count plus the previous window's count weighted by how much
+	// of it the last Window still covers.
+	Sliding WindowType = iota
+	// Fixed counts requests in windows aligned to multiples of Window since
+	// the Unix epoch; the count restarts at zero at every boundary.
+	Fixed
+)
+
+// String returns "sliding" or "fixed".
+func (t WindowType) String() string {
+	switch t {
+	case Sliding:
+		return "sliding"
+	case Fixed:
+		return "fixed"
+	}
+	return fmt.Sprintf("WindowType(%d)", uint8(t))
+}
+
+// FailurePolicy says what a Limiter decides while its store fails, or while
+// its table of keys is full. The zero value is FailOpen.
+type FailurePolicy uint8
+
+const (
+	// FailOpen keeps deciding on this node's view: its own counts plus the
+	// last cluster totals it knew (Kong's fallback). Its increments are
+	// kept and pushed when the store answers again.
+	FailOpen FailurePolicy = iota
+	// FailClosed denies every request until the store answers again.
+	FailClosed
+)
+
+// String returns "fail-open" or "fail-closed".
+func (p FailurePolicy) String() string {
+	switch p {
+	case FailOpen:
+		return "fail-open"
+	case FailClosed:
+		return "fail-closed"
+	}
+	return fmt.Sprintf("FailurePolicy(%d)", uint8(p))
+}
+
+// Rule admits at most Limit units of cost per Window for each key. The zero
+// value is not a valid rule.
+type Rule struct {
+	// Limit is the cost admitted per window, 1 to MaxLimit.
+	Limit int64
+	// Window is the window size: a whole number of milliseconds from 1ms
+	// to MaxWindow. Windows are aligned to multiples of Window since the
+	// Unix epoch (a day window starts at 00:00 UTC).
+	Window time.Duration
+	// Type is Sliding (the default) or Fixed.
+	Type WindowType
+}
+
+// String returns the rule in the form "100/1m0s sliding".
+func (r Rule) String() string {
+	return fmt.Sprintf("%d/%v %v", r.Limit, r.Window, r.Type)
+}
+
+// Limits of the configuration.
+const (
+	MaxRules     = 16
+	MaxLimit     = 1 << 40
+	MaxWindow    = 366 * 24 * time.Hour
+	MaxKeyLenCap = 1 << 16
+
+	DefaultSyncRate     = 100 * time.Millisecond
+	DefaultMaxKeys      = 1 << 20
+	DefaultMaxKeyLen    = 1024
+	DefaultPrefix       = "hl"
+	DefaultStoreTimeout = time.Second
+	DefaultClockSync    = 10 * time.Second
+)
+
+// Config configures a Limiter. Only Rules is required; every other field's
+// zero value selects the documented default. New validates the whole Config
+// once and never changes it.
+type Config struct {
+	// Rules are the limits enforced on every key: a request is admitted
+	// only when every rule admits it. 1 to MaxRules rules, no two with the
+	// same Window.
+	Rules []Rule
+
+	// Mode is ModeLocal (the zero value), ModeAsync or ModeSynchronous.
+	Mode Mode
+
+	// Store is where nodes meet: required in ModeAsync and
+	// ModeSynchronous, and must be nil in ModeLocal. See package store.
+	Store store.Store
+
+	// SyncRate is how often the async mode pushes this node's increments
+	// and pulls the cluster totals: 1ms to 1h, default DefaultSyncRate.
+	// Must be zero in the other modes.
+	SyncRate time.Duration
+
+	// FailurePolicy is what decisions do while the store fails or the key
+	// table is full: FailOpen (the zero value) or FailClosed.
+	FailurePolicy FailurePolicy
+
+	// CountDenied makes denied requests consume quota too (Kong's
+	// "penalty"): a client that keeps retrying stays denied. By default
+	// denied requests cost nothing.
+	CountDenied bool
+
+	// MaxKeys bounds the keys tracked at once, 1 to 1<<31, default
+	// DefaultMaxKeys. Keys idle for twice their longest window are evicted
+	// by the background loop. While the table is full, a request for a new
+	// key is decided by FailurePolicy without being tracked: FailOpen
+	// admits it (when its cost fits every limit), FailClosed denies it.
+	// Keys already tracked are unaffected.
+	MaxKeys int
+
+	// MaxKeyLen bounds the length of a key in bytes, 1 to MaxKeyLenCap,
+	// default DefaultMaxKeyLen. Longer keys are an error.
+	MaxKeyLen int
+
+	// Prefix namespaces this limiter's counters in the store, so limiters
+	// with different rules can share one Redis: at most 64 bytes, no '{',
+	// '}' or ':' (braces would break Redis Cluster hash tags). Default
+	// DefaultPrefix.
+	Prefix string
+
+	// StoreTimeout bounds every store call: 1ms to 1m, default
+	// DefaultStoreTimeout. A synchronous decision that times out is
+	// decided by FailurePolicy.
+	StoreTimeout time.Duration
+
+	// Clock is the time source; nil means the real clock. Tests and
+	// simulations inject a github.com/benbjohnson/clock mock.
+	Clock clock.Clock
+
+	// ClockResolution trades decision cost for time precision. A positive
+	// value (1µs to 1s) makes decisions read a timestamp that a background
+	// goroutine refreshes every ClockResolution instead of reading the
+	// clock (which costs 30–60 ns on virtual machines). A negative value
+	// reads the clock on every decision. Zero means 1ms with the real clock
+	// and exact reads with an injected Clock.
+	ClockResolution time.Duration
+
+	// ClockSync is how often, in ModeAsync and ModeSynchronous, a node
+	// measures its offset to the store's clock (Store.Time): 1s to 1h,
+	// default DefaultClockSync. Window boundaries then follow the store's
+	// clock on every node, whatever their own clocks say. A negative value
+	// keeps each node on its own clock.
+	ClockSync time.Duration
+
+	// OnError, if set, is called with every store error, from the
+	// background loop or from a synchronous decision. It must not block.
+	OnError func(error)
+
+	// Logger, if set, receives store errors at level Warn, at most one
+	// record per LogEvery (default 10s) with the count of errors since the
+	// last record, so an outage does not flood the log. Nil logs nothing.
+	Logger *slog.Logger
+	// LogEvery is the least time between two error records: 1ms to 1h,
+	// default 10s.
+	LogEvery time.Duration
+
+	// Manual starts no background goroutine: the caller runs Sync (push,
+	// pull and clock offset) and Evict itself. For tests and simulations
+	// that drive time by hand.
+	Manual bool
+}
+
+// validate checks c and returns a copy with the defaults filled in.
+func (c Config) validate() (Config, error) {
+	if len(c.Rules) == 0 || len(c.Rules) > MaxRules {
+		return c, fmt.Errorf("hybridlimit: Config.Rules has %d rules, want 1 to %d", len(c.Rules), MaxRules)
+	}
+	c.Rules = append([]Rule(nil), c.Rules...)
+	for i, r := range c.Rules {
+		switch {
+		case r.Limit < 1 || r.Limit > MaxLimit:
+			return c, fmt.Errorf("hybridlimit: Config.Rules[%d].Limit is %d, want 1 to %d", i, r.Limit, int64(MaxLimit))
+		case r.Window < time.Millisecond || r.Window > MaxWindow:
+			return c, fmt.Errorf("hybridlimit: Config.Rules[%d].Window is %v, want 1ms to %v", i, r.Window, MaxWindow)
+		case r.Window%time.Millisecond != 0:
+			return c, fmt.Errorf("hybridlimit: Config.Rules[%d].Window is %v, want a whole number of milliseconds", i, r.Window)
+		case r.Type > Fixed:
+			return c, fmt.Errorf("hybridlimit: Config.Rules[%d].Type is %v, want Sliding or Fixed", i, r.Type)
+		}
+		for j := range i {
+			if c.Rules[j].Window == r.Window {
+				return c, fmt.Errorf("hybridlimit: Config.Rules[%d].Window %v repeats Config.Rules[%d].Window; use one rule per window", i, r.Window, j)
+			}
+		}
+	}
+	switch c.Mode {
+	case ModeLocal:
+		if c.Store != nil {
+			return c, fmt.Errorf("hybridlimit: Config.Store is set but Config.Mode is local; use ModeAsync or ModeSynchronous")
+		}
+	case ModeAsync, ModeSynchronous:
+		if c.Store == nil {
+			return c, fmt.Errorf("hybridlimit: Config.Store is nil, want a store in Config.Mode %v", c.Mode)
+		}
+	default:
+		return c, fmt.Errorf("hybridlimit: Config.Mode is %v, want ModeLocal, ModeAsync or ModeSynchronous", c.Mode)
+	}
+	if c.Mode == ModeAsync {
+		if c.SyncRate == 0 {
+			c.SyncRate = DefaultSyncRate
+		}
+		if c.SyncRate < time.Millisecond || c.SyncRate > time.Hour {
+			return c, fmt.Errorf("hybridlimit: Config.SyncRate is %v, want 1ms to 1h", c.SyncRate)
+		}
+	} else if c.SyncRate != 0 {
+		return c, fmt.Errorf("hybridlimit: Config.SyncRate is %v, but only ModeAsync syncs periodically; leave it zero in Config.Mode %v", c.SyncRate, c.Mode)
+	}
+	if c.FailurePolicy > FailClosed {
+		return c, fmt.Errorf("hybridlimit: Config.FailurePolicy is %v, want FailOpen or FailClosed", c.FailurePolicy)
+	}
+	if c.MaxKeys == 0 {
+		c.MaxKeys = DefaultMaxKeys
+	}
+	if c.MaxKeys < 1 || c.MaxKeys > 1<<31 {
+		return c, fmt.Errorf("hybridlimit: Config.MaxKeys is %d, want 1 to %d", c.MaxKeys, 1<<31)
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = DefaultMaxKeyLen
+	}
+	if c.MaxKeyLen < 1 || c.MaxKeyLen > MaxKeyLenCap {
+		return c, fmt.Errorf("hybridlimit: Config.MaxKeyLen is %d, want 1 to %d", c.MaxKeyLen, MaxKeyLenCap)
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if len(c.Prefix) > 64 || strings.ContainsAny(c.Prefix, "{}:") {
+		return c, fmt.Errorf("hybridlimit: Config.Prefix is %q, want at most 64 bytes without '{', '}' or ':'", c.Prefix)
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = DefaultStoreTimeout
+	}
+	if c.StoreTimeout < time.Millisecond || c.StoreTimeout > time.Minute {
+		return c, fmt.Errorf("hybridlimit: Config.StoreTimeout is %v, want 1ms to 1m", c.StoreTimeout)
+	}
+	if c.ClockResolution == 0 {
+		c.ClockResolution = -1
+		if c.Clock == nil {
+			c.ClockResolution = time.Millisecond
+		}
+	}
+	if c.ClockResolution > 0 && (c.ClockResolution < time.Microsecond || c.ClockResolution > time.Second) {
+		return c, fmt.Errorf("hybridlimit: Config.ClockResolution is %v, want 1µs to 1s, or negative for exact reads", c.ClockResolution)
+	}
+	if c.ClockSync == 0 {
+		c.ClockSync = DefaultClockSync
+	}
+	if c.ClockSync > 0 && (c.ClockSync < time.Second || c.ClockSync > time.Hour) {
+		return c, fmt.Errorf("hybridlimit: Config.ClockSync is %v, want 1s to 1h, or negative to keep node clocks", c.ClockSync)
+	}
+	if c.LogEvery == 0 {
+		c.LogEvery = 10 * time.Second
+	}
+	if c.LogEvery < time.Millisecond || c.LogEvery > time.Hour {
+		return c, fmt.Errorf("hybridlimit: Config.LogEvery is %v, want 1ms to 1h", c.LogEvery)
+	}
+	if c.Clock == nil {
+		c.Clock = clock.New()
+	}
+	return c, nil
+}

@@ -1,0 +1,7 @@
+module github.com/hybridlimit/hybridlimit/prom
+
+go 1.26.0
+
+require github.com/hybridlimit/hybridlimit v0.0.0
+
+replace github.com/hybridlimit/hybridlimit => ../

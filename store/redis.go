@@ -1,0 +1,234 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// takeScript decides one TakeRequest atomically (see its doc).
+// KEYS: cur_1, prev_1, ..., cur_n, prev_n.
+// ARGV: now_ms, cost, flags (1 peek, 2 count denied), then per rule: limit,
+// window_ms, fixed (0 or 1), expire_at_ms.
+// Reply: {allowed (0 or 1), cur_1, prev_1, ..., cur_n, prev_n}.
+const takeScript = `
+local now = tonumber(ARGV[1])
+local cost = tonumber(ARGV[2])
+local flags = tonumber(ARGV[3])
+local peek = flags % 2 == 1
+local penalty = math.floor(flags / 2) % 2 == 1
+local n = #KEYS / 2
+local cur, prev = {}, {}
+local ok = 1
+for i = 1, n do
+  local a = 4 + (i - 1) * 4
+  local limit, w, fixed = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2] == '1'
+  local c = tonumber(redis.call('GET', KEYS[2 * i - 1]) or '0')
+  local p = 0
+  if not fixed then p = tonumber(redis.call('GET', KEYS[2 * i]) or '0') end
+  cur[i], prev[i] = c, p
+  local est = c
+  if p > 0 then est = est + p * (w - now % w) / w end
+  if est + cost > limit + 1e-9 then ok = 0 end
+end
+if not peek and (ok == 1 or penalty) then
+  for i = 1, n do
+    local v = redis.call('INCRBY', KEYS[2 * i - 1], cost)
+    if v == cost then redis.call('PEXPIREAT', KEYS[2 * i - 1], ARGV[4 + (i - 1) * 4 + 3]) end
+    cur[i] = v
+  end
+end
+local out = {ok}
+for i = 1, n do
+  out[#out + 1] = cur[i]
+  out[#out + 1] = prev[i]
+end
+return out
+`
+
+// Redis is a Store on a Redis server, Sentinel group or Cluster, through a
+// go-redis client the caller owns (and closes). Apply is one pipeline of
+// INCRBY, PEXPIREAT and GET commands; Take runs one Lua script per request,
+// all requests of a call in one pipeline. In Redis Cluster, every counter of
+// a user key shares one hash slot, and go-redis splits pipelines by node.
+//
+// Redis is safe for concurrent use. The zero value is not usable: create
+// one with NewRedis.
+type Redis struct {
+	c      redis.UniversalClient
+	script *redis.Script
+	calls  atomic.Uint64
+}
+
+// NewRedis returns a store on the client c.
+func NewRedis(c redis.UniversalClient) *Redis {
+	return &Redis{c: c, script: redis.NewScript(takeScript)}
+}
+
+// Calls returns the number of round trips (pipelines and commands) sent.
+func (s *Redis) Calls() uint64 { return s.calls.Load() }
+
+// Apply implements Store.
+func (s *Redis) Apply(ctx context.Context, ops []Op) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	pipe := s.c.Pipeline()
+	incr := make([]*redis.IntCmd, len(ops))
+	get := make([]*redis.StringCmd, len(ops))
+	for i := range ops {
+		op := &ops[i]
+		if op.Delta != 0 {
+			incr[i] = pipe.IncrBy(ctx, op.Key, op.Delta)
+		} else {
+			get[i] = pipe.Get(ctx, op.Key)
+		}
+		if op.ExpireAt != 0 {
+			pipe.PExpireAt(ctx, op.Key, time.UnixMilli(op.ExpireAt))
+		}
+	}
+	s.calls.Add(1)
+	cmds, err := pipe.Exec(ctx)
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("store: redis pipeline of %d commands: %w", len(cmds), err)
+	}
+	for i := range ops {
+		if incr[i] != nil {
+			v, err := incr[i].Result()
+			if err != nil {
+				return fmt.Errorf("store: INCRBY %q: %w", ops[i].Key, err)
+			}
+			ops[i].Total = v
+			continue
+		}
+		v, err := get[i].Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			ops[i].Total = 0
+		case err != nil:
+			return fmt.Errorf("store: GET %q: %w", ops[i].Key, err)
+		default:
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return fmt.Errorf("store: GET %q: counter holds %q, not an integer", ops[i].Key, v)
+			}
+			ops[i].Total = n
+		}
+	}
+	return nil
+}
+
+// Take implements Store.
+func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
+	cmds := make([]*redis.Cmd, len(reqs))
+	args := make([][]any, len(reqs))
+	pipe := s.c.Pipeline()
+	n := 0
+	for i := range reqs {
+		r := reqs[i]
+		if err := r.check(); err != nil {
+			r.Err = err
+			continue
+		}
+		flags := 0
+		if r.Peek {
+			flags |= 1
+		}
+		if r.CountDenied {
+			flags |= 2
+		}
+		a := make([]any, 0, 3+4*len(r.Rules))
+		a = append(a, r.NowMs, r.Cost, flags)
+		for j, rule := range r.Rules {
+			fixed := 0
+			if rule.Fixed {
+				fixed = 1
+			}
+			a = append(a, rule.Limit, rule.WindowMs, fixed, r.ExpireAt[j])
+		}
+		args[i] = a
+		cmds[i] = s.script.EvalSha(ctx, pipe, r.Keys, a...)
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	s.calls.Add(1)
+	_, err := pipe.Exec(ctx)
+	if err != nil && !isNoScript(err) && !isReplyError(err) {
+		return fmt.Errorf("store: redis pipeline of %d scripts: %w", n, err)
+	}
+	var retry []int
+	for i, cmd := range cmds {
+		if cmd != nil && isNoScript(cmd.Err()) {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		// The server does not have the script cached: send it whole once.
+		pipe := s.c.Pipeline()
+		for _, i := range retry {
+			cmds[i] = s.script.Eval(ctx, pipe, reqs[i].Keys, args[i]...)
+		}
+		s.calls.Add(1)
+		if _, err := pipe.Exec(ctx); err != nil && !isReplyError(err) {
+			return fmt.Errorf("store: redis pipeline of %d scripts: %w", len(retry), err)
+		}
+	}
+	for i, cmd := range cmds {
+		if cmd != nil {
+			reqs[i].Err = parseTake(cmd, reqs[i])
+		}
+	}
+	return nil
+}
+
+func parseTake(cmd *redis.Cmd, r *TakeRequest) error {
+	vals, err := cmd.Slice()
+	if err != nil {
+		return fmt.Errorf("store: take script: %w", err)
+	}
+	if len(vals) != 1+len(r.Counts) {
+		return fmt.Errorf("store: take script replied %d values, want %d", len(vals), 1+len(r.Counts))
+	}
+	for i, v := range vals {
+		n, ok := v.(int64)
+		if !ok {
+			return fmt.Errorf("store: take script reply %d is %T, want an integer", i, v)
+		}
+		if i == 0 {
+			r.Allowed = n == 1
+		} else {
+			r.Counts[i-1] = n
+		}
+	}
+	return nil
+}
+
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// isReplyError reports whether err is an error reply from the server for
+// one command (which the per-command checks report), as opposed to a
+// failure of the connection.
+func isReplyError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// Time implements Store.
+func (s *Redis) Time(ctx context.Context) (time.Time, error) {
+	s.calls.Add(1)
+	t, err := s.c.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("store: redis TIME: %w", err)
+	}
+	return t, nil
+}

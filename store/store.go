@@ -1,0 +1,136 @@
+// Package store defines where hybridlimit nodes meet: a Store holds the
+// cluster-wide counter of every key, rule and window. Two implementations
+// share one contract: Redis (NewRedis, on a go-redis UniversalClient, for
+// standalone, Sentinel and Cluster deployments) and Memory (NewMemory, for
+// tests, simulations and a single process).
+//
+// Counter keys have the form
+//
+//	<prefix>:{<base64url(user key)>}:<window ms>:<window id>
+//
+// The user key is base64url-encoded, so it never contains '{' or '}': every
+// counter of one user key shares the Redis Cluster hash slot of its braces,
+// and no two user keys, whatever bytes they hold, share a counter.
+package store
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Store is the shared state of a cluster of limiters. Implementations must
+// be safe for concurrent use.
+type Store interface {
+	// Apply runs ops, in one round trip where the implementation can. For
+	// each op it adds Delta to the counter Key (creating it at zero), sets
+	// the counter's expiry to ExpireAt when that is non-zero, and stores
+	// the counter's value after the addition in Total. A Delta of zero only
+	// reads the counter (a missing counter reads as zero and is not
+	// created). On error, the caller must assume nothing was applied,
+	// although some ops may have been.
+	Apply(ctx context.Context, ops []Op) error
+
+	// Take decides every request in reqs atomically per request: see
+	// TakeRequest. Errors that concern one request are reported in its Err;
+	// the returned error means no request was decided.
+	Take(ctx context.Context, reqs []*TakeRequest) error
+
+	// Time returns the store's clock. Limiters in a cluster align their
+	// windows to it.
+	Time(ctx context.Context) (time.Time, error)
+}
+
+// Op is one counter operation of Store.Apply.
+type Op struct {
+	Key      string
+	Delta    int64 // added to the counter; 0 reads it only
+	ExpireAt int64 // Unix milliseconds; 0 leaves the expiry alone
+	Total    int64 // out: the counter's value after the operation
+}
+
+// TakeRule is one rule of a TakeRequest.
+type TakeRule struct {
+	Limit    int64
+	WindowMs int64
+	Fixed    bool // fixed window: the previous window does not count
+}
+
+// TakeRequest is one decision made in the store (the synchronous mode). The
+// request is admitted when, for every rule i, with W its window and
+// e = NowMs mod W,
+//
+//	prev_i·(W−e)/W + cur_i + Cost ≤ Limit_i     (sliding)
+//	cur_i + Cost ≤ Limit_i                      (fixed)
+//
+// where cur_i and prev_i are the counters Keys[2i] (window NowMs/W) and
+// Keys[2i+1] (the window before). If it is admitted and Peek is false, or if
+// CountDenied is set and Peek is false, Cost is added to every cur_i
+// counter, and a counter created by that sets its expiry to ExpireAt[i].
+type TakeRequest struct {
+	Keys        []string
+	Rules       []TakeRule
+	ExpireAt    []int64 // Unix ms, per rule
+	NowMs       int64
+	Cost        int64
+	Peek        bool
+	CountDenied bool
+
+	// Results.
+	Allowed bool
+	Counts  []int64 // per rule: cur after the operation, then prev (2 per rule); allocated by the caller
+	Err     error
+}
+
+// Epsilon absorbs floating-point error in the sliding-window comparison.
+const Epsilon = 1e-9
+
+// Admits reports whether a request of cost admits under a rule with the
+// given counters, by the formula of TakeRequest. It is the one definition the
+// stores share with the limiter.
+func Admits(limit, windowMs, nowMs int64, fixed bool, cur, prev, cost int64) bool {
+	est := float64(cur)
+	if !fixed && prev > 0 {
+		e := nowMs % windowMs
+		est += float64(prev) * float64(windowMs-e) / float64(windowMs)
+	}
+	return est+float64(cost) <= float64(limit)+Epsilon
+}
+
+// ErrUnavailable wraps errors returned by a store that could not be reached.
+var ErrUnavailable = errors.New("store unavailable")
+
+// KeyBase returns the part of a counter key shared by every counter of
+// userKey: "<prefix>:{<base64url(userKey)>}:".
+func KeyBase(prefix, userKey string) string {
+	var b strings.Builder
+	b.Grow(len(prefix) + 4 + base64.RawURLEncoding.EncodedLen(len(userKey)))
+	b.WriteString(prefix)
+	b.WriteString(":{")
+	enc := base64.NewEncoder(base64.RawURLEncoding, &b)
+	_, _ = enc.Write([]byte(userKey))
+	_ = enc.Close()
+	b.WriteString("}:")
+	return b.String()
+}
+
+// CounterKey returns the key of one window's counter: base (from KeyBase),
+// the window size in milliseconds and the window id.
+func CounterKey(base string, windowMs, id int64) string {
+	buf := make([]byte, 0, len(base)+24)
+	buf = append(buf, base...)
+	buf = strconv.AppendInt(buf, windowMs, 10)
+	buf = append(buf, ':')
+	buf = strconv.AppendInt(buf, id, 10)
+	return string(buf)
+}
+
+// ExpireAt returns when the counter of window id (size windowMs) can go:
+// after the end of the next window, when it stops being anyone's previous
+// window, plus a minute of margin for clock differences.
+func ExpireAt(windowMs, id int64) int64 {
+	return (id+2)*windowMs + 60_000
+}
