@@ -202,6 +202,12 @@ type Config struct {
 	// background loop or from a synchronous decision. It must not block.
 	OnError func(error)
 
+	// OnSync, if set, is called after every sync cycle that reached out to
+	// the store, with the round trip's duration, the counter operations it
+	// carried and its error (nil on success). Use it for latency
+	// histograms. It runs on the sync loop and must not block.
+	OnSync func(latency time.Duration, ops int, err error)
+
 	// Logger, if set, receives store errors at level Warn, at most one
 	// record per LogEvery (default 10s) with the count of errors since the
 	// last record, so an outage does not flood the log. Nil logs nothing.

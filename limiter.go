@@ -134,6 +134,7 @@ func New(cfg Config) (*Limiter, error) {
 		Rate:     rate,
 		Timeout:  cfg.StoreTimeout,
 		OnError:  cfg.OnError,
+		OnSync:   cfg.OnSync,
 		Logger:   cfg.Logger,
 		LogEvery: cfg.LogEvery,
 	})

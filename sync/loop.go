@@ -42,6 +42,9 @@ type Config struct {
 	MaxBackoff time.Duration
 	// OnError, if set, receives every store error.
 	OnError func(error)
+	// OnSync, if set, receives every cycle's round-trip duration, counter
+	// operations and error.
+	OnSync func(latency time.Duration, ops int, err error)
 	// Logger, if set, receives store errors, at most one record per
 	// LogEvery.
 	Logger   *slog.Logger
@@ -219,6 +222,9 @@ func (l *Loop) push(ctx context.Context, entries []*local.Entry) error {
 	start := time.Now()
 	err := l.cfg.Store.Apply(ctx, l.ops)
 	cancel()
+	if l.cfg.OnSync != nil {
+		l.cfg.OnSync(time.Since(start), len(l.ops), err)
+	}
 	l.cycles.Add(1)
 	l.calls.Add(1)
 	if err != nil {
