@@ -1,0 +1,243 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// The store contract: every Store implementation passes the same tests.
+
+func TestMemoryContract(t *testing.T) {
+	runContract(t, func(t *testing.T) (store.Store, string) {
+		return store.NewMemory(nil), "hl"
+	})
+}
+
+func TestRedisContract(t *testing.T) {
+	c := redistest.Client(t)
+	runContract(t, func(t *testing.T) (store.Store, string) {
+		return store.NewRedis(c), redistest.Prefix(t)
+	})
+}
+
+func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
+	t.Run("ApplyIncrementsAndReads", func(t *testing.T) {
+		s, pfx := open(t)
+		ctx := context.Background()
+		base := store.KeyBase(pfx, "user")
+		k1, k2 := store.CounterKey(base, 1000, 7), store.CounterKey(base, 1000, 8)
+		far := time.Now().Add(time.Hour).UnixMilli()
+		ops := []store.Op{{Key: k1, Delta: 3, ExpireAt: far}, {Key: k1, Delta: 4}, {Key: k2}}
+		require.NoError(t, s.Apply(ctx, ops))
+		assert.Equal(t, []int64{3, 7, 0}, []int64{ops[0].Total, ops[1].Total, ops[2].Total})
+		ops = []store.Op{{Key: k1}, {Key: k2}}
+		require.NoError(t, s.Apply(ctx, ops))
+		assert.Equal(t, int64(7), ops[0].Total)
+		assert.Equal(t, int64(0), ops[1].Total, "a read never creates a counter")
+		require.NoError(t, s.Apply(ctx, nil), "an empty batch is fine")
+	})
+	t.Run("ExpiryInThePastRemovesTheCounter", func(t *testing.T) {
+		s, pfx := open(t)
+		ctx := context.Background()
+		k := store.CounterKey(store.KeyBase(pfx, "gone"), 1000, 1)
+		past := time.Now().Add(-time.Minute).UnixMilli()
+		require.NoError(t, s.Apply(ctx, []store.Op{{Key: k, Delta: 5, ExpireAt: past}}))
+		ops := []store.Op{{Key: k}}
+		require.NoError(t, s.Apply(ctx, ops))
+		assert.Equal(t, int64(0), ops[0].Total)
+	})
+	t.Run("ConcurrentApplyLosesNothing", func(t *testing.T) {
+		s, pfx := open(t)
+		ctx := context.Background()
+		k := store.CounterKey(store.KeyBase(pfx, "busy"), 1000, 1)
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for range 50 {
+					assert.NoError(t, s.Apply(ctx, []store.Op{{Key: k, Delta: 2}}))
+				}
+			})
+		}
+		wg.Wait()
+		ops := []store.Op{{Key: k}}
+		require.NoError(t, s.Apply(ctx, ops))
+		assert.Equal(t, int64(800), ops[0].Total)
+	})
+	t.Run("TakeAdmitsUpToTheLimit", func(t *testing.T) {
+		s, pfx := open(t)
+		ctx := context.Background()
+		now := int64(1_800_000_000_000) // a minute boundary
+		req := func(cost int64, peek bool) *store.TakeRequest {
+			return newTake(pfx, "k", now+30_000, cost, peek, false, store.TakeRule{Limit: 5, WindowMs: 60_000})
+		}
+		var allowed []bool
+		for _, cost := range []int64{2, 2, 2, 1, 1} {
+			r := req(cost, false)
+			require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
+			require.NoError(t, r.Err)
+			allowed = append(allowed, r.Allowed)
+		}
+		assert.Equal(t, []bool{true, true, false, true, false}, allowed)
+		p := req(1, true)
+		require.NoError(t, s.Take(ctx, []*store.TakeRequest{p}))
+		assert.False(t, p.Allowed)
+		assert.Equal(t, []int64{5, 0}, p.Counts, "cur 5, prev 0")
+	})
+	t.Run("TakeWeighsThePreviousWindow", func(t *testing.T) {
+		s, pfx := open(t)
+		ctx := context.Background()
+		const w = 60_000
+		id := int64(1_800_000_000_000) / w
+		base := store.KeyBase(pfx, "slide")
+		// Cloudflare's example: 42 in the previous minute, 18 in this one,
+		// 15 s in: 42·0.75 + 18 = 49.5, so a limit of 50 admits nothing more
+		// and a limit of 51 admits one.
+		require.NoError(t, s.Apply(ctx, []store.Op{
+			{Key: store.CounterKey(base, w, id-1), Delta: 42, ExpireAt: time.Now().Add(time.Hour).UnixMilli()},
+			{Key: store.CounterKey(base, w, id), Delta: 18, ExpireAt: time.Now().Add(time.Hour).UnixMilli()},
+		}))
+		now := id*w + 15_000
+		r := newTake(pfx, "slide", now, 1, false, false, store.TakeRule{Limit: 50, WindowMs: w})
+		require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
+		assert.False(t, r.Allowed)
+		assert.Equal(t, []int64{18, 42}, r.Counts)
+		r = newTake(pfx, "slide", now, 1, false, false, store.TakeRule{Limit: 51, WindowMs: w})
+		require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
+		assert.True(t, r.Allowed)
+		assert.Equal(t, []int64{19, 42}, r.Counts)
+		// A fixed window ignores the previous one.
+		r = newTake(pfx, "slide", now, 1, false, false, store.TakeRule{Limit: 20, WindowMs: w, Fixed: true})
+		require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
+		assert.True(t, r.Allowed)
+		assert.Equal(t, []int64{20, 0}, r.Counts)
+	})
+	t.Run("TakeChecksEveryRuleBeforeCounting", func(t *testing.T) {
+		s, pfx := open(t)
+		ctx := context.Background()
+		now := int64(1_800_000_000_000)
+		rules := []store.TakeRule{{Limit: 10, WindowMs: 1000}, {Limit: 2, WindowMs: 60_000}}
+		var got []bool
+		for range 3 {
+			r := newTake(pfx, "multi", now, 1, false, false, rules...)
+			require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
+			got = append(got, r.Allowed)
+		}
+		assert.Equal(t, []bool{true, true, false}, got)
+		r := newTake(pfx, "multi", now, 1, true, false, rules...)
+		require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
+		assert.Equal(t, []int64{2, 0, 2, 0}, r.Counts, "the denied request counted in no rule")
+	})
+	t.Run("TakeCountDenied", func(t *testing.T) {
+		s, pfx := open(t)
+		ctx := context.Background()
+		now := int64(1_800_000_000_000)
+		for _, want := range []bool{true, false, false} {
+			r := newTake(pfx, "penalty", now, 1, false, true, store.TakeRule{Limit: 1, WindowMs: 1000})
+			require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
+			assert.Equal(t, want, r.Allowed)
+		}
+		r := newTake(pfx, "penalty", now, 1, true, false, store.TakeRule{Limit: 1, WindowMs: 1000})
+		require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
+		assert.Equal(t, int64(3), r.Counts[0])
+	})
+	t.Run("TakeBatchAndBadRequests", func(t *testing.T) {
+		s, pfx := open(t)
+		ctx := context.Background()
+		now := int64(1_800_000_000_000)
+		good := newTake(pfx, "batch", now, 1, false, false, store.TakeRule{Limit: 1, WindowMs: 1000})
+		good2 := newTake(pfx, "batch", now, 1, false, false, store.TakeRule{Limit: 1, WindowMs: 1000})
+		bad := newTake(pfx, "batch", now, 1, false, false, store.TakeRule{Limit: 1, WindowMs: 1000})
+		bad.Keys = bad.Keys[:1]
+		require.NoError(t, s.Take(ctx, []*store.TakeRequest{good, bad, good2}))
+		assert.NoError(t, good.Err)
+		assert.True(t, good.Allowed)
+		assert.NoError(t, good2.Err)
+		assert.False(t, good2.Allowed, "requests of one batch are decided in order")
+		assert.ErrorContains(t, bad.Err, "1 keys for 1 rules")
+	})
+	t.Run("TakeSetsExpiryOnNewCounters", func(t *testing.T) {
+		s, pfx := open(t)
+		ctx := context.Background()
+		now := time.Now().UnixMilli()
+		r := newTake(pfx, "exp", now, 1, false, false, store.TakeRule{Limit: 5, WindowMs: 1000})
+		r.ExpireAt[0] = now - 1 // already past: the counter is gone at once
+		require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
+		ops := []store.Op{{Key: r.Keys[0]}}
+		require.NoError(t, s.Apply(ctx, ops))
+		assert.Equal(t, int64(0), ops[0].Total)
+	})
+	t.Run("Time", func(t *testing.T) {
+		s, _ := open(t)
+		st, err := s.Time(context.Background())
+		require.NoError(t, err)
+		assert.WithinDuration(t, time.Now(), st, 5*time.Second)
+	})
+	t.Run("CanceledContext", func(t *testing.T) {
+		s, pfx := open(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		assert.Error(t, s.Apply(ctx, []store.Op{{Key: store.CounterKey(store.KeyBase(pfx, "x"), 1, 1), Delta: 1}}))
+	})
+}
+
+func newTake(pfx, key string, nowMs, cost int64, peek, countDenied bool, rules ...store.TakeRule) *store.TakeRequest {
+	base := store.KeyBase(pfx, key)
+	r := &store.TakeRequest{Rules: rules, NowMs: nowMs, Cost: cost, Peek: peek, CountDenied: countDenied}
+	for _, rule := range rules {
+		id := nowMs / rule.WindowMs
+		r.Keys = append(r.Keys, store.CounterKey(base, rule.WindowMs, id), store.CounterKey(base, rule.WindowMs, id-1))
+		r.ExpireAt = append(r.ExpireAt, store.ExpireAt(rule.WindowMs, id)+time.Now().UnixMilli())
+	}
+	r.Counts = make([]int64, 2*len(rules))
+	return r
+}
+
+func TestMemoryExpiryFollowsItsClock(t *testing.T) {
+	mock := clock.NewMock()
+	mock.Set(time.Unix(1000, 0))
+	s := store.NewMemory(mock)
+	ctx := context.Background()
+	require.NoError(t, s.Apply(ctx, []store.Op{{Key: "a", Delta: 1, ExpireAt: 1_000_500}}))
+	assert.Equal(t, int64(1), s.Get("a"))
+	assert.Equal(t, 1, s.Len())
+	mock.Add(499 * time.Millisecond)
+	assert.Equal(t, int64(1), s.Get("a"))
+	mock.Add(time.Millisecond)
+	assert.Equal(t, int64(0), s.Get("a"))
+	assert.Equal(t, 0, s.Len())
+	st, err := s.Time(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, time.Unix(1000, 500_000_000), st)
+	assert.Equal(t, uint64(2), s.Calls())
+}
+
+// Keys are arbitrary bytes: no two keys share a counter, and every counter
+// of a key carries the whole encoded key as its Redis Cluster hash tag.
+func TestKeyEncoding(t *testing.T) {
+	keys := []string{"a", "a}", "{a}", "}{", "a:b", "a b", "a\nb", "\x00\xff\xfe", "a:{b}:1000:1", strings.Repeat("x", 4096), "ключ", "a=="}
+	seen := map[string]string{}
+	for _, k := range keys {
+		ck := store.CounterKey(store.KeyBase("hl", k), 1000, 5)
+		if other, dup := seen[ck]; dup {
+			t.Fatalf("keys %q and %q share counter %q", k, other, ck)
+		}
+		seen[ck] = k
+		open := strings.IndexByte(ck, '{')
+		end := strings.IndexByte(ck[open:], '}') + open
+		tag := ck[open+1 : end]
+		assert.Equal(t, store.KeyBase("hl", k), "hl:{"+tag+"}:", "the hash tag is the whole encoded key for %q", k)
+		assert.NotContains(t, tag, "{")
+		assert.True(t, strings.HasSuffix(ck, "}:1000:5"), fmt.Sprintf("%q", ck))
+	}
+}
