@@ -1,0 +1,344 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit"
+)
+
+// modeSpec is one configuration of the sweep: a limiter mode and, for the
+// async mode, its sync rate.
+type modeSpec struct {
+	Mode     hybridlimit.Mode
+	SyncRate time.Duration
+}
+
+// String returns the spelling accepted by -modes: local, sync or async:RATE.
+func (m modeSpec) String() string {
+	switch m.Mode {
+	case hybridlimit.ModeAsync:
+		return "async:" + m.SyncRate.String()
+	case hybridlimit.ModeSynchronous:
+		return "sync"
+	}
+	return "local"
+}
+
+// window is a fault window in virtual time, from the start of the run.
+type window struct {
+	From, Dur time.Duration
+}
+
+func (w window) active(t time.Duration) bool { return w.Dur > 0 && t >= w.From && t < w.From+w.Dur }
+
+// churn takes Nodes nodes away during a window; they come back as new
+// nodes (empty tables) when it ends.
+type churn struct {
+	Nodes int
+	window
+}
+
+// options is a parsed command line.
+type options struct {
+	Nodes        int
+	Duration     time.Duration
+	Rate         float64 // total requests per second; 0: from Overload
+	Overload     float64
+	Keys         int
+	Zipf         float64
+	Pattern      string
+	Rules        []hybridlimit.Rule
+	Modes        []modeSpec
+	Seed         uint64
+	Stagger      bool
+	StoreLatency time.Duration
+	Outage       window
+	Churn        churn
+	Skew         time.Duration
+	FailClosed   bool
+	Redis        string
+	Realtime     bool
+	JSON         bool
+	PerNode      bool
+	Plot         string
+	Bucket       time.Duration
+	Quiet        bool
+	Prefix       string
+}
+
+var patterns = []string{"steady", "burst", "ramp", "zipf", "sticky", "under"}
+
+// usageError is a command-line error: the program prints it with the usage
+// and exits with status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return &usageError{fmt.Sprintf(format, a...)} }
+
+// parseFlags parses args (without the program name). Errors are
+// *usageError, or flag.ErrHelp for -h.
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.Nodes, "nodes", 10, "number of limiter `nodes` sharing the store (1 to 1000)")
+	fs.DurationVar(&o.Duration, "duration", 60*time.Second, "scenario length (virtual time; wall time with -realtime)")
+	fs.Float64Var(&o.Rate, "rate", 0, "total requests per `second` over all nodes; 0: overload × keys × the tightest rule's limit per second")
+	fs.Float64Var(&o.Overload, "overload", 0, "offered load as a multiple of the limit, when -rate is 0 (default 2, or 0.8 for -pattern under)")
+	fs.IntVar(&o.Keys, "keys", 0, "number of distinct keys (default 10, or 1000 for -pattern zipf)")
+	fs.Float64Var(&o.Zipf, "zipf", 1.1, "Zipf exponent s > 1 of key popularity for -pattern zipf")
+	fs.StringVar(&o.Pattern, "pattern", "steady", "traffic `pattern`: "+strings.Join(patterns, ", "))
+	rules := fs.String("rules", "1000/1s", "comma-separated `rules` LIMIT/WINDOW[:fixed], e.g. 1000/1s,20000/1m")
+	modes := fs.String("modes", "local,sync,async:10ms,async:100ms,async:1s", "comma-separated `configurations`: local, sync, async:RATE")
+	fs.Uint64Var(&o.Seed, "seed", 1, "random seed: the same seed gives the same traffic and the same report")
+	fs.BoolVar(&o.Stagger, "stagger", true, "spread the nodes' sync instants evenly over one sync period (false: all nodes sync at once)")
+	fs.DurationVar(&o.StoreLatency, "store-latency", 0, "simulated store round trip of every async sync cycle (memory store only)")
+	outage := fs.String("outage", "", "store outage `START+LEN`, e.g. 20s+10s: every store call fails meanwhile")
+	churnS := fs.String("churn", "", "`K@START+LEN`: K nodes leave at START and rejoin as new nodes after LEN, e.g. 3@20s+10s")
+	fs.DurationVar(&o.Skew, "skew", 0, "per-node clock skew: node clocks are spread evenly over ±skew (the store keeps true time)")
+	fs.BoolVar(&o.FailClosed, "fail-closed", false, "deny while the store fails (default: fail open)")
+	fs.StringVar(&o.Redis, "redis", "", "run against the Redis server at `ADDR` instead of the in-memory store")
+	fs.BoolVar(&o.Realtime, "realtime", false, "real clock and background sync loops (needs -redis)")
+	fs.BoolVar(&o.JSON, "json", false, "print one JSON object per configuration instead of the table")
+	fs.BoolVar(&o.PerNode, "per-node", false, "add a per-node breakdown")
+	fs.StringVar(&o.Plot, "plot", "", "write a chart to `FILE` (.svg or .png)")
+	fs.DurationVar(&o.Bucket, "bucket", time.Second, "time step of the admitted-per-second series in the chart")
+	fs.BoolVar(&o.Quiet, "quiet", false, "no progress on stderr")
+	fs.StringVar(&o.Prefix, "prefix", "", "store key `prefix` of the run (default: random per run), one per configuration with a suffix")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, &usageError{err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return nil, usagef("unexpected argument %q: every setting is a flag", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	var err error
+	if o.Rules, err = parseRules(*rules); err != nil {
+		return nil, err
+	}
+	if o.Modes, err = parseModes(*modes); err != nil {
+		return nil, err
+	}
+	if *outage != "" {
+		if o.Outage, err = parseWindow("-outage", *outage); err != nil {
+			return nil, err
+		}
+	}
+	if *churnS != "" {
+		if o.Churn, err = parseChurn(*churnS); err != nil {
+			return nil, err
+		}
+	}
+	if !validPattern(o.Pattern) {
+		return nil, usagef("-pattern %q is not one of %s", o.Pattern, strings.Join(patterns, ", "))
+	}
+	if o.Keys == 0 {
+		o.Keys = 10
+		if o.Pattern == "zipf" {
+			o.Keys = 1000
+		}
+	}
+	if o.Overload == 0 {
+		o.Overload = 2
+		if o.Pattern == "under" {
+			o.Overload = 0.8
+		}
+	}
+	switch {
+	case o.Nodes < 1 || o.Nodes > 1000:
+		return nil, usagef("-nodes is %d, want 1 to 1000", o.Nodes)
+	case o.Duration < time.Second || o.Duration > 24*time.Hour:
+		return nil, usagef("-duration is %v, want 1s to 24h", o.Duration)
+	case o.Rate < 0 || o.Rate > 1e7 || math.IsNaN(o.Rate):
+		return nil, usagef("-rate is %v, want 0 (derived from -overload) to 1e7 requests per second", o.Rate)
+	case o.Overload <= 0 || o.Overload > 1000 || math.IsNaN(o.Overload):
+		return nil, usagef("-overload is %v, want more than 0, at most 1000", o.Overload)
+	case o.Keys < 1 || o.Keys > 10_000_000:
+		return nil, usagef("-keys is %d, want 1 to 10000000", o.Keys)
+	case !(o.Zipf > 1) || o.Zipf > 10:
+		return nil, usagef("-zipf is %v, want more than 1, at most 10", o.Zipf)
+	case o.StoreLatency < 0 || o.StoreLatency > time.Minute:
+		return nil, usagef("-store-latency is %v, want 0 to 1m", o.StoreLatency)
+	case o.Skew < 0 || o.Skew > time.Hour:
+		return nil, usagef("-skew is %v, want 0 to 1h", o.Skew)
+	case o.Bucket < time.Millisecond || o.Bucket > o.Duration:
+		return nil, usagef("-bucket is %v, want 1ms to -duration (%v)", o.Bucket, o.Duration)
+	case o.Duration/o.Bucket > 100_000:
+		return nil, usagef("-bucket %v makes %d points over -duration %v, want at most 100000", o.Bucket, o.Duration/o.Bucket, o.Duration)
+	case o.Churn.Nodes >= o.Nodes:
+		return nil, usagef("-churn takes %d of %d nodes away, want fewer than -nodes", o.Churn.Nodes, o.Nodes)
+	}
+	if o.Rate == 0 {
+		o.Rate = o.Overload * float64(o.Keys) * perSecond(tightest(o.Rules))
+	}
+	if o.Rate*o.Duration.Seconds() > 1e9 {
+		return nil, usagef("-rate %v over -duration %v is %.3g requests, want at most 1e9", o.Rate, o.Duration, o.Rate*o.Duration.Seconds())
+	}
+	if len(o.Prefix) > 56 || strings.ContainsAny(o.Prefix, "{}:") {
+		return nil, usagef("-prefix %q: want at most 56 bytes without '{', '}' or ':'", o.Prefix)
+	}
+	if o.Plot != "" && !strings.HasSuffix(o.Plot, ".svg") && !strings.HasSuffix(o.Plot, ".png") {
+		return nil, usagef("-plot %q: the file name must end in .svg or .png", o.Plot)
+	}
+	// Valid combinations.
+	if o.Realtime {
+		if o.Redis == "" {
+			return nil, usagef("-realtime needs -redis ADDR: in memory, virtual time gives the same answer, faster and reproducibly")
+		}
+		for _, name := range []string{"store-latency", "outage", "churn", "skew", "stagger"} {
+			if set[name] {
+				return nil, usagef("-%s is not available with -realtime: faults, skew and sync instants are simulated in virtual time only (drop -realtime)", name)
+			}
+		}
+		if o.Duration > 10*time.Minute {
+			return nil, usagef("-duration is %v with -realtime, want at most 10m of wall time", o.Duration)
+		}
+	}
+	if o.Redis != "" && o.StoreLatency > 0 {
+		return nil, usagef("-store-latency simulates a round trip in the memory store; with -redis the latency is Redis's own")
+	}
+	return o, nil
+}
+
+func validPattern(p string) bool {
+	for _, q := range patterns {
+		if p == q {
+			return true
+		}
+	}
+	return false
+}
+
+// parseRules parses "LIMIT/WINDOW[:fixed],...".
+func parseRules(s string) ([]hybridlimit.Rule, error) {
+	var rules []hybridlimit.Rule
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		spec, typ, hasType := strings.Cut(part, ":")
+		lim, win, ok := strings.Cut(spec, "/")
+		if !ok {
+			return nil, usagef("-rules: %q is not LIMIT/WINDOW[:fixed], e.g. 1000/1s", part)
+		}
+		limit, err := strconv.ParseInt(lim, 10, 64)
+		if err != nil || limit < 1 || limit > hybridlimit.MaxLimit {
+			return nil, usagef("-rules: limit %q in %q is not a whole number from 1 to %d", lim, part, int64(hybridlimit.MaxLimit))
+		}
+		w, err := time.ParseDuration(win)
+		if err != nil || w < time.Millisecond || w%time.Millisecond != 0 || w > hybridlimit.MaxWindow {
+			return nil, usagef("-rules: window %q in %q is not a whole number of milliseconds from 1ms to %v", win, part, hybridlimit.MaxWindow)
+		}
+		r := hybridlimit.Rule{Limit: limit, Window: w}
+		if hasType {
+			switch typ {
+			case "fixed":
+				r.Type = hybridlimit.Fixed
+			case "sliding":
+			default:
+				return nil, usagef("-rules: window type %q in %q is not sliding or fixed", typ, part)
+			}
+		}
+		for _, q := range rules {
+			if q.Window == w {
+				return nil, usagef("-rules: two rules have the window %v; use one rule per window", w)
+			}
+		}
+		rules = append(rules, r)
+	}
+	if len(rules) > hybridlimit.MaxRules {
+		return nil, usagef("-rules has %d rules, want at most %d", len(rules), hybridlimit.MaxRules)
+	}
+	return rules, nil
+}
+
+// parseModes parses "local,sync,async:RATE,...".
+func parseModes(s string) ([]modeSpec, error) {
+	var out []modeSpec
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		name, arg, hasArg := strings.Cut(part, ":")
+		var m modeSpec
+		switch name {
+		case "local":
+			m.Mode = hybridlimit.ModeLocal
+		case "sync", "synchronous":
+			m.Mode = hybridlimit.ModeSynchronous
+		case "async":
+			m.Mode = hybridlimit.ModeAsync
+			if !hasArg {
+				return nil, usagef("-modes: %q needs a sync rate, e.g. async:100ms", part)
+			}
+			d, err := time.ParseDuration(arg)
+			if err != nil || d < time.Millisecond || d > time.Hour {
+				return nil, usagef("-modes: sync rate %q in %q is not a duration from 1ms to 1h", arg, part)
+			}
+			m.SyncRate = d
+		default:
+			return nil, usagef("-modes: %q is not local, sync or async:RATE", part)
+		}
+		if hasArg && m.Mode != hybridlimit.ModeAsync {
+			return nil, usagef("-modes: %q takes no argument; only async:RATE does", part)
+		}
+		out = append(out, m)
+	}
+	if len(out) > 64 {
+		return nil, usagef("-modes lists %d configurations, want at most 64", len(out))
+	}
+	return out, nil
+}
+
+// parseWindow parses "START+LEN".
+func parseWindow(flagName, s string) (window, error) {
+	a, b, ok := strings.Cut(s, "+")
+	if !ok {
+		return window{}, usagef("%s %q is not START+LEN, e.g. 20s+10s", flagName, s)
+	}
+	from, err1 := time.ParseDuration(a)
+	dur, err2 := time.ParseDuration(b)
+	if err1 != nil || err2 != nil || from < 0 || dur <= 0 {
+		return window{}, usagef("%s %q: START must be a duration ≥ 0 and LEN a duration > 0, e.g. 20s+10s", flagName, s)
+	}
+	return window{From: from, Dur: dur}, nil
+}
+
+// parseChurn parses "K@START+LEN".
+func parseChurn(s string) (churn, error) {
+	k, w, ok := strings.Cut(s, "@")
+	if !ok {
+		return churn{}, usagef("-churn %q is not K@START+LEN, e.g. 3@20s+10s", s)
+	}
+	n, err := strconv.Atoi(k)
+	if err != nil || n < 1 {
+		return churn{}, usagef("-churn %q: K must be a whole number of nodes ≥ 1", s)
+	}
+	win, err := parseWindow("-churn", w)
+	if err != nil {
+		return churn{}, err
+	}
+	return churn{Nodes: n, window: win}, nil
+}
+
+// tightest returns the rule with the smallest limit per second.
+func tightest(rules []hybridlimit.Rule) hybridlimit.Rule {
+	best := rules[0]
+	for _, r := range rules[1:] {
+		if perSecond(r) < perSecond(best) {
+			best = r
+		}
+	}
+	return best
+}
+
+func perSecond(r hybridlimit.Rule) float64 { return float64(r.Limit) / r.Window.Seconds() }

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/hybridlimit/hybridlimit"
+)
+
+// report is the outcome of one configuration. The JSON names of the first
+// fields are fixed by the issue; the others are extras.
+type report struct {
+	Nodes           int     `json:"nodes"`
+	Mode            string  `json:"mode"`
+	SyncRateMs      float64 `json:"sync_rate_ms"`
+	Pattern         string  `json:"pattern"`
+	Limit           int64   `json:"limit"`
+	WindowMs        int64   `json:"window_ms"`
+	Requests        int64   `json:"requests"`
+	Admitted        int64   `json:"admitted"`
+	Ideal           int64   `json:"ideal"`
+	OvershootPct    float64 `json:"overshoot_pct"`
+	FalseDenyPct    float64 `json:"false_deny_pct"`
+	PeakWindowRatio float64 `json:"peak_window_ratio"`
+	StoreCalls      uint64  `json:"store_calls"`
+
+	KeysPushed    uint64       `json:"keys_pushed"`
+	FalseDenied   int64        `json:"false_denied"`
+	StoreFailures uint64       `json:"store_failures"`
+	Degraded      uint64       `json:"degraded"`
+	Rules         string       `json:"rules"`
+	Keys          int          `json:"keys"`
+	RatePerSec    float64      `json:"rate_per_s"`
+	DurationS     float64      `json:"duration_s"`
+	Seed          uint64       `json:"seed"`
+	Store         string       `json:"store"`
+	Time          string       `json:"time"`
+	StoreLatMs    float64      `json:"store_latency_ms,omitempty"`
+	SkewMs        float64      `json:"skew_ms,omitempty"`
+	Outage        string       `json:"outage,omitempty"`
+	Churn         string       `json:"churn,omitempty"`
+	FailClosed    bool         `json:"fail_closed,omitempty"`
+	PerNode       []nodeReport `json:"per_node,omitempty"`
+
+	label       string
+	series      []int64 // admitted per bucket
+	idealSeries []int64
+}
+
+// nodeReport is one node slot's share of a configuration.
+type nodeReport struct {
+	Node          int     `json:"node"`
+	Admitted      int64   `json:"admitted"`
+	Denied        int64   `json:"denied"`
+	StoreCalls    uint64  `json:"store_calls"`
+	KeysPushed    uint64  `json:"keys_pushed"`
+	Degraded      uint64  `json:"degraded"`
+	ClockOffsetMs float64 `json:"clock_offset_ms"`
+}
+
+func newReport(o *options, m modeSpec) *report {
+	var rules []string
+	for _, r := range o.Rules {
+		rules = append(rules, r.String())
+	}
+	mode := "local"
+	switch m.Mode {
+	case hybridlimit.ModeAsync:
+		mode = "async"
+	case hybridlimit.ModeSynchronous:
+		mode = "sync"
+	}
+	buckets := int((o.Duration + o.Bucket - 1) / o.Bucket)
+	r := &report{
+		Nodes:       o.Nodes,
+		Mode:        mode,
+		SyncRateMs:  durMs(m.SyncRate),
+		Pattern:     o.Pattern,
+		Limit:       o.Rules[0].Limit,
+		WindowMs:    o.Rules[0].Window.Milliseconds(),
+		Rules:       strings.Join(rules, ","),
+		Keys:        o.Keys,
+		RatePerSec:  o.Rate,
+		DurationS:   o.Duration.Seconds(),
+		Seed:        o.Seed,
+		Store:       "memory",
+		Time:        "virtual",
+		StoreLatMs:  durMs(o.StoreLatency),
+		SkewMs:      durMs(o.Skew),
+		FailClosed:  o.FailClosed,
+		label:       m.String(),
+		series:      make([]int64, buckets),
+		idealSeries: make([]int64, buckets),
+	}
+	if o.Redis != "" {
+		r.Store = "redis"
+	}
+	if o.Realtime {
+		r.Time = "real"
+	}
+	if o.Outage.Dur > 0 {
+		r.Outage = fmt.Sprintf("%v+%v", o.Outage.From, o.Outage.Dur)
+	}
+	if o.Churn.Nodes > 0 {
+		r.Churn = fmt.Sprintf("%d@%v+%v", o.Churn.Nodes, o.Churn.From, o.Churn.Dur)
+	}
+	return r
+}
+
+// finish computes the ratios, rounded to 4 decimals.
+func (r *report) finish() {
+	if r.Ideal > 0 {
+		r.OvershootPct = round4(100 * float64(r.Admitted-r.Ideal) / float64(r.Ideal))
+	}
+	if r.Requests > 0 {
+		r.FalseDenyPct = round4(100 * float64(r.FalseDenied) / float64(r.Requests))
+	}
+	r.PeakWindowRatio = round4(r.PeakWindowRatio)
+}
+
+func round4(x float64) float64 { return math.Round(x*1e4) / 1e4 }
+
+// writeJSON writes one JSON object per line.
+func writeJSON(w io.Writer, reports []*report) error {
+	enc := json.NewEncoder(w)
+	for _, r := range reports {
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeTable writes the human summary.
+func writeTable(w io.Writer, o *options, reports []*report) error {
+	var rules []string
+	for _, r := range o.Rules {
+		rules = append(rules, r.String())
+	}
+	clockName := "virtual"
+	if o.Realtime {
+		clockName = "real"
+	}
+	storeName := "memory store"
+	if o.Redis != "" {
+		storeName = "redis " + o.Redis
+	}
+	fmt.Fprintf(w, "%d nodes · pattern %s · %d keys · rules %s · %.0f req/s for %v (%s time) · %s · seed %d\n",
+		o.Nodes, o.Pattern, o.Keys, strings.Join(rules, ", "), o.Rate, o.Duration, clockName, storeName, o.Seed)
+	var faults []string
+	if o.StoreLatency > 0 {
+		faults = append(faults, "store latency "+o.StoreLatency.String())
+	}
+	if o.Outage.Dur > 0 {
+		faults = append(faults, fmt.Sprintf("store outage %v for %v", o.Outage.From, o.Outage.Dur))
+	}
+	if o.Churn.Nodes > 0 {
+		faults = append(faults, fmt.Sprintf("%d nodes away %v for %v", o.Churn.Nodes, o.Churn.From, o.Churn.Dur))
+	}
+	if o.Skew > 0 {
+		faults = append(faults, "clock skew ±"+o.Skew.String())
+	}
+	if o.FailClosed {
+		faults = append(faults, "fail closed")
+	}
+	if len(faults) > 0 {
+		fmt.Fprintf(w, "faults: %s\n", strings.Join(faults, ", "))
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "config\trequests\tadmitted\tideal\tovershoot %\tfalse-deny %\tpeak/limit\tstore calls\tkeys pushed\t")
+	for _, r := range reports {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%+.2f\t%.3f\t%.3f\t%d\t%d\t\n",
+			r.label, r.Requests, r.Admitted, r.Ideal, r.OvershootPct, r.FalseDenyPct, r.PeakWindowRatio, r.StoreCalls, r.KeysPushed)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if o.PerNode {
+		for _, r := range reports {
+			fmt.Fprintf(w, "\n%s per node:\n", r.label)
+			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintln(tw, "node\tadmitted\tdenied\tstore calls\tkeys pushed\tdegraded\tclock offset ms\t")
+			for _, n := range r.PerNode {
+				fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%.3f\t\n", n.Node, n.Admitted, n.Denied, n.StoreCalls, n.KeysPushed, n.Degraded, n.ClockOffsetMs)
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+		}
+	}
+	_, err := fmt.Fprintf(w, "\novershoot = (admitted − ideal) / ideal; ideal = one exact global limiter fed the same requests;\nfalse-deny = denied by the nodes but admitted by the ideal, over all requests;\npeak/limit = most admitted in any interval of one window (sliding log), over the limit.\n")
+	return err
+}

@@ -1,0 +1,402 @@
+package main
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// start is the virtual instant every in-memory run begins at: aligned to
+// every window up to a day, so runs are reproducible.
+var virtualStart = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// env is what a configuration needs from outside: a fresh store per
+// configuration, and a progress callback.
+type env struct {
+	newStore func(c *vclock) (inner store.Store, prefix string, err error)
+	start    time.Time
+	progress func(done time.Duration)
+}
+
+// event kinds of the virtual-time driver.
+const (
+	evSync   = iota // a node starts a sync cycle
+	evApply         // a paced cycle's request reaches the store
+	evReply         // a paced cycle's reply reaches the node
+	evClock         // every node measures its offset to the store's clock
+	evEvict         // every node evicts idle keys
+	evLeave         // churn: nodes leave
+	evJoin          // churn: they come back as new nodes
+)
+
+type event struct {
+	at   int64 // ns from the start
+	seq  uint64
+	kind int
+	node int
+	gen  int
+}
+
+type events []event
+
+func (h events) Len() int { return len(h) }
+func (h events) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].seq < h[j].seq
+}
+func (h events) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *events) Push(x any)   { *h = append(*h, x.(event)) }
+func (h *events) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// simNode is one slot of the cluster; a node that leaves and rejoins is a
+// new Limiter in the same slot.
+type simNode struct {
+	l       *hybridlimit.Limiter
+	clk     *vclock
+	st      *nodeStore
+	present bool
+	gen     int
+	delay   time.Duration
+	cycleAt int64
+	done    chan error
+	rng     *rand.Rand
+
+	admitted, denied int64
+	past             hybridlimit.Stats // summed stats of the slot's earlier limiters
+}
+
+// driver runs one configuration in virtual time.
+type driver struct {
+	o     *options
+	m     modeSpec
+	env   env
+	ctx   context.Context
+	base  *vclock
+	start int64
+	st    *simStore
+	pfx   string
+	nodes []*simNode
+	live  []int // present nodes, in slot order
+	rr    int
+	ev    events
+	seq   uint64
+	err   error
+}
+
+func (d *driver) push(at int64, kind, node int) {
+	gen := 0
+	if node >= 0 {
+		gen = d.nodes[node].gen
+	}
+	d.seq++
+	heap.Push(&d.ev, event{at: at, seq: d.seq, kind: kind, node: node, gen: gen})
+}
+
+// syncRate is how often a node runs Sync: the configured rate in the async
+// mode; in the synchronous mode the library's default, which pushes what
+// was decided locally while the store failed.
+func (d *driver) syncRate() time.Duration {
+	if d.m.Mode == hybridlimit.ModeAsync {
+		return d.m.SyncRate
+	}
+	return hybridlimit.DefaultSyncRate
+}
+
+// newLimiter starts the limiter of slot i at t.
+func (d *driver) newLimiter(i int, t int64) error {
+	n := d.nodes[i]
+	cfg := hybridlimit.Config{
+		Rules:        d.o.Rules,
+		Mode:         d.m.Mode,
+		SyncRate:     d.m.SyncRate,
+		Clock:        n.clk,
+		Manual:       true,
+		Prefix:       d.pfx,
+		StoreTimeout: time.Minute,
+	}
+	if d.o.FailClosed {
+		cfg.FailurePolicy = hybridlimit.FailClosed
+	}
+	if d.m.Mode != hybridlimit.ModeLocal {
+		cfg.Store = n.st
+	}
+	l, err := hybridlimit.New(cfg)
+	if err != nil {
+		return err
+	}
+	n.l, n.present, n.delay = l, true, d.syncRate()
+	n.gen++
+	if d.m.Mode == hybridlimit.ModeLocal {
+		return nil
+	}
+	_ = l.SyncClock(d.ctx) // as the background loop does when it starts
+	first := t + int64(d.syncRate())
+	if d.o.Stagger {
+		first = t + int64(d.syncRate())*int64(i+1)/int64(len(d.nodes))
+	}
+	d.push(first, evSync, i)
+	return nil
+}
+
+func (d *driver) setLive() {
+	d.live = d.live[:0]
+	for i, n := range d.nodes {
+		if n.present {
+			d.live = append(d.live, i)
+		}
+	}
+}
+
+// runConfig runs configuration m of o and returns its report.
+func runConfig(o *options, m modeSpec, e env) (*report, error) {
+	d := &driver{o: o, m: m, env: e, ctx: context.Background()}
+	d.base = newVClock(e.start)
+	d.start = e.start.UnixNano()
+	inner, pfx, err := e.newStore(d.base)
+	if err != nil {
+		return nil, err
+	}
+	d.pfx = pfx
+	d.st = &simStore{inner: inner, clock: d.base, start: d.start, outage: o.Outage, virtual: true}
+	for i := range o.Nodes {
+		var skew time.Duration
+		if o.Skew > 0 && o.Nodes > 1 {
+			skew = -o.Skew + 2*o.Skew*time.Duration(i)/time.Duration(o.Nodes-1)
+		}
+		d.nodes = append(d.nodes, &simNode{
+			clk:  d.base.skewed(skew),
+			st:   newNodeStore(d.st),
+			done: make(chan error, 1),
+			rng:  rand.New(rand.NewPCG(o.Seed, uint64(i))),
+		})
+		if err := d.newLimiter(i, 0); err != nil {
+			return nil, err
+		}
+	}
+	d.setLive()
+	if m.Mode != hybridlimit.ModeLocal {
+		d.push(int64(hybridlimit.DefaultClockSync), evClock, -1)
+	}
+	d.push(int64(evictEvery(o.Rules)), evEvict, -1)
+	if o.Churn.Nodes > 0 {
+		d.push(int64(o.Churn.From), evLeave, -1)
+		d.push(int64(o.Churn.From+o.Churn.Dur), evJoin, -1)
+	}
+
+	r := newReport(o, m)
+	ref := newReference(o)
+	names := keyNames(o.Keys)
+	logs := make([][]int64, o.Keys)
+	bucket := int64(o.Bucket)
+	g := newTraffic(o)
+	var tick int64
+	for {
+		q, ok := g.next()
+		if !ok {
+			break
+		}
+		if err := d.until(q.at); err != nil {
+			return nil, err
+		}
+		now := d.start + q.at
+		d.base.set(now)
+		ni := d.pick(q)
+		n := d.nodes[ni]
+		res, err := n.l.Allow(d.ctx, names[q.key])
+		if err != nil {
+			return nil, fmt.Errorf("node %d: %w", ni, err)
+		}
+		ideal := ref.allow(q.key, now)
+		b := int(q.at / bucket)
+		r.Requests++
+		if res.Allowed {
+			r.Admitted++
+			n.admitted++
+			r.series[b]++
+			logs[q.key] = append(logs[q.key], q.at)
+		} else {
+			n.denied++
+			if ideal {
+				r.FalseDenied++
+			}
+		}
+		if ideal {
+			r.Ideal++
+			r.idealSeries[b]++
+		}
+		if q.at >= tick && e.progress != nil {
+			e.progress(time.Duration(q.at))
+			tick = q.at + int64(time.Second)
+		}
+	}
+	if err := d.until(int64(o.Duration)); err != nil {
+		return nil, err
+	}
+	d.base.set(d.start + int64(o.Duration))
+	r.PeakWindowRatio = peakRatio(logs, o)
+	r.StoreCalls = d.st.calls.Load()
+	r.StoreFailures = d.st.failed.Load()
+	for i, n := range d.nodes {
+		s := n.past
+		if n.present {
+			s = addStats(s, n.l.Stats())
+		}
+		r.KeysPushed += s.KeysPushed
+		r.Degraded += s.Degraded
+		if o.PerNode {
+			r.PerNode = append(r.PerNode, nodeReport{Node: i, Admitted: n.admitted, Denied: n.denied, StoreCalls: s.StoreCalls, KeysPushed: s.KeysPushed, Degraded: s.Degraded, ClockOffsetMs: durMs(s.ClockOffset)})
+		}
+	}
+	r.finish()
+	return r, nil
+}
+
+func addStats(a, b hybridlimit.Stats) hybridlimit.Stats {
+	a.StoreCalls += b.StoreCalls
+	a.KeysPushed += b.KeysPushed
+	a.Degraded += b.Degraded
+	a.ClockOffset = b.ClockOffset
+	return a
+}
+
+// evictEvery mirrors the background loop's eviction period.
+func evictEvery(rules []hybridlimit.Rule) time.Duration {
+	var longest time.Duration
+	for _, r := range rules {
+		longest = max(longest, r.Window)
+	}
+	return min(max(longest/2, time.Second), time.Minute)
+}
+
+// pick returns the slot that receives q: round robin over the present
+// nodes, or for -pattern sticky a share of the traffic proportional to
+// 1/(rank+1) for the present node of that rank.
+func (d *driver) pick(q request) int {
+	if d.o.Pattern == "sticky" {
+		total := 0.0
+		for k := range d.live {
+			total += 1 / float64(k+1)
+		}
+		x := q.draw * total
+		for k, i := range d.live {
+			x -= 1 / float64(k+1)
+			if x < 0 {
+				return i
+			}
+		}
+		return d.live[len(d.live)-1]
+	}
+	d.rr++
+	return d.live[d.rr%len(d.live)]
+}
+
+// until processes every event due at or before t.
+func (d *driver) until(t int64) error {
+	for len(d.ev) > 0 && d.ev[0].at <= t {
+		e := heap.Pop(&d.ev).(event)
+		d.base.set(d.start + e.at)
+		if err := d.handle(e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *driver) handle(e event) error {
+	var n *simNode
+	if e.node >= 0 {
+		n = d.nodes[e.node]
+		if !n.present || n.gen != e.gen {
+			return nil // the node left since
+		}
+	}
+	lat := int64(d.o.StoreLatency)
+	switch e.kind {
+	case evSync:
+		n.cycleAt = e.at
+		if lat == 0 || d.m.Mode != hybridlimit.ModeAsync {
+			d.synced(e.node, n.l.Sync(d.ctx), e.at)
+			return nil
+		}
+		n.st.paced.Store(true)
+		go func() { n.done <- n.l.Sync(d.ctx) }()
+		select {
+		case <-n.st.entered:
+			d.push(e.at+lat/2, evApply, e.node)
+		case err := <-n.done: // nothing to push: no round trip
+			n.st.paced.Store(false)
+			d.synced(e.node, err, e.at)
+		}
+	case evApply:
+		n.st.release <- struct{}{}
+		<-n.st.applied
+		d.push(n.cycleAt+lat, evReply, e.node)
+	case evReply:
+		n.st.release <- struct{}{}
+		err := <-n.done
+		n.st.paced.Store(false)
+		d.synced(e.node, err, e.at)
+	case evClock:
+		for _, i := range d.live {
+			_ = d.nodes[i].l.SyncClock(d.ctx)
+		}
+		d.push(e.at+int64(hybridlimit.DefaultClockSync), evClock, -1)
+	case evEvict:
+		for _, i := range d.live {
+			d.nodes[i].l.Evict()
+		}
+		d.push(e.at+int64(evictEvery(d.o.Rules)), evEvict, -1)
+	case evLeave:
+		for i := len(d.nodes) - d.o.Churn.Nodes; i < len(d.nodes); i++ {
+			n := d.nodes[i]
+			if n.st.paced.Load() { // finish the cycle under way at once
+				n.st.release <- struct{}{}
+				<-n.st.applied
+				n.st.release <- struct{}{}
+				<-n.done
+				n.st.paced.Store(false)
+			}
+			n.past = addStats(n.past, n.l.Stats())
+			_ = n.l.Close(d.ctx) // pushes what it still holds
+			n.present = false
+			n.gen++
+		}
+		d.setLive()
+	case evJoin:
+		for i := len(d.nodes) - d.o.Churn.Nodes; i < len(d.nodes); i++ {
+			if err := d.newLimiter(i, e.at); err != nil {
+				return err
+			}
+		}
+		d.setLive()
+	}
+	return nil
+}
+
+// synced schedules node i's next cycle after one that started at at, as
+// the background loop does: every sync rate, backing off exponentially
+// (with jitter) up to max(5s, rate) while the store fails.
+func (d *driver) synced(i int, err error, at int64) {
+	n := d.nodes[i]
+	rate := d.syncRate()
+	if err == nil {
+		n.delay = rate
+	} else {
+		n.delay = min(max(2*n.delay, rate), max(5*time.Second, rate))
+		n.delay += time.Duration(n.rng.Int64N(int64(n.delay)/5 + 1))
+	}
+	next := max(at+int64(n.delay), d.base.nowNs()-d.start)
+	d.push(next, evSync, i)
+}
