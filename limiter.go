@@ -132,6 +132,7 @@ func New(cfg Config) (*Limiter, error) {
 		Prefix:   cfg.Prefix,
 		Now:      l.now,
 		Rate:     rate,
+		Recent:   3 * rate,
 		Timeout:  cfg.StoreTimeout,
 		OnError:  cfg.OnError,
 		OnSync:   cfg.OnSync,
@@ -272,7 +273,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error
 			return res, err
 		}
 		wait := max(res.RetryAfter, time.Millisecond)
-		if dl, ok := ctx.Deadline(); ok && l.clock.Until(dl) < wait {
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait { // deadlines are wall-clock time
 			return res, fmt.Errorf("hybridlimit: WaitN(n=%d) would wait %v, past the context deadline", n, wait)
 		}
 		t := l.clock.Timer(wait)
@@ -324,7 +325,7 @@ func (l *Limiter) decideLocal(e *local.Entry, n, now int64, peek bool) (Result, 
 			}
 			win := c.Window()
 			if win < id {
-				l.table.AddDropped(e.Roll(i, id, id*r.w+l.readPrev, l.syncing))
+				l.table.AddDropped(e.Roll(i, id, now+l.readPrev, l.syncing))
 				continue
 			}
 			if win > id { // another decision already moved on: its window has begun
@@ -405,7 +406,7 @@ func (l *Limiter) charge(e *local.Entry, i int, n, now int64) {
 		case w.Rolling():
 			e.WaitRoll()
 		case c.Window() < id:
-			l.table.AddDropped(e.Roll(i, id, id*r.w+l.readPrev, l.syncing))
+			l.table.AddDropped(e.Roll(i, id, now+l.readPrev, l.syncing))
 		case c.CompareAndAdd(w, n):
 			return
 		}

@@ -118,6 +118,9 @@ func (e *Entry) Seen(now int64) {
 	}
 }
 
+// LastSeen returns the instant (ns) of the entry's last decision.
+func (e *Entry) LastSeen() int64 { return e.lastSeen.Load() }
+
 // Dead reports whether the entry was evicted. A decision that committed
 // increments to a dead entry must undo them and retry with a fresh one.
 func (e *Entry) Dead() bool { return e.dead.Load() }

@@ -36,6 +36,10 @@ type Config struct {
 	Now func() int64
 	// Rate is the time between cycles.
 	Rate time.Duration
+	// Recent is how long after its last decision a key keeps being read
+	// back in every cycle, so that the node learns what other nodes admit
+	// for it even while it only pushes nothing.
+	Recent time.Duration
 	// Timeout bounds every store call.
 	Timeout time.Duration
 	// MaxBackoff bounds the wait between cycles while the store fails.
@@ -168,7 +172,24 @@ func (l *Loop) Cycle(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.entries = l.cfg.Table.Drain(l.entries)
+	if len(l.entries) == 0 && l.failing.Load() {
+		// Nothing to push, but the store was failing: probe it, so that
+		// a fail-closed limiter learns that it is back.
+		return l.probe(ctx)
+	}
 	return l.push(ctx, l.entries)
+}
+
+func (l *Loop) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	defer cancel()
+	l.calls.Add(1)
+	if _, err := l.cfg.Store.Time(ctx); err != nil {
+		l.fail(err)
+		return err
+	}
+	l.failing.Store(false)
+	return nil
 }
 
 // Flush pushes the pending increments of every entry of the table, touched
@@ -252,7 +273,7 @@ func (l *Loop) push(ctx context.Context, entries []*local.Entry) error {
 			}
 		}
 		s.e.Ack(l.pushes[s.from:s.to], l.cur, l.prev)
-		if s.readLonger {
+		if s.readLonger || now-s.e.LastSeen() < int64(l.cfg.Recent) {
 			l.cfg.Table.Touch(s.e)
 		}
 	}

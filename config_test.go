@@ -1,0 +1,99 @@
+package hybridlimit
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+func TestConfigValidation(t *testing.T) {
+	ok := []Rule{{Limit: 10, Window: time.Second}}
+	mem := store.NewMemory(nil)
+	tests := []struct {
+		name string
+		cfg  Config
+		want string // substring of the error; it names the field and the range
+	}{
+		{"no rules", Config{}, "Config.Rules has 0 rules, want 1 to 16"},
+		{"too many rules", Config{Rules: make([]Rule, 17)}, "Config.Rules has 17 rules, want 1 to 16"},
+		{"zero limit", Config{Rules: []Rule{{Limit: 0, Window: time.Second}}}, "Config.Rules[0].Limit is 0, want 1 to"},
+		{"negative limit", Config{Rules: []Rule{ok[0], {Limit: -1, Window: time.Minute}}}, "Config.Rules[1].Limit is -1"},
+		{"huge limit", Config{Rules: []Rule{{Limit: 1 << 41, Window: time.Second}}}, "Config.Rules[0].Limit is 2199023255552, want 1 to 1099511627776"},
+		{"zero window", Config{Rules: []Rule{{Limit: 1}}}, "Config.Rules[0].Window is 0s, want 1ms to 8784h0m0s"},
+		{"sub-ms window", Config{Rules: []Rule{{Limit: 1, Window: 1500 * time.Microsecond}}}, "Config.Rules[0].Window is 1.5ms, want a whole number of milliseconds"},
+		{"window too long", Config{Rules: []Rule{{Limit: 1, Window: 400 * 24 * time.Hour}}}, "Config.Rules[0].Window is 9600h0m0s, want 1ms to"},
+		{"bad type", Config{Rules: []Rule{{Limit: 1, Window: time.Second, Type: 7}}}, "Config.Rules[0].Type is WindowType(7), want Sliding or Fixed"},
+		{"duplicate window", Config{Rules: []Rule{ok[0], {Limit: 5, Window: time.Second, Type: Fixed}}}, "Config.Rules[1].Window 1s repeats Config.Rules[0].Window"},
+		{"bad mode", Config{Rules: ok, Mode: 9}, "Config.Mode is Mode(9), want ModeLocal, ModeAsync or ModeSynchronous"},
+		{"store in local mode", Config{Rules: ok, Store: mem}, "Config.Store is set but Config.Mode is local"},
+		{"async without store", Config{Rules: ok, Mode: ModeAsync}, "Config.Store is nil, want a store in Config.Mode async"},
+		{"synchronous without store", Config{Rules: ok, Mode: ModeSynchronous}, "Config.Store is nil, want a store in Config.Mode synchronous"},
+		{"sync rate too small", Config{Rules: ok, Mode: ModeAsync, Store: mem, SyncRate: time.Microsecond}, "Config.SyncRate is 1µs, want 1ms to 1h"},
+		{"sync rate too large", Config{Rules: ok, Mode: ModeAsync, Store: mem, SyncRate: 2 * time.Hour}, "Config.SyncRate is 2h0m0s, want 1ms to 1h"},
+		{"sync rate in local mode", Config{Rules: ok, SyncRate: time.Second}, "Config.SyncRate is 1s, but only ModeAsync syncs periodically"},
+		{"bad failure policy", Config{Rules: ok, FailurePolicy: 3}, "Config.FailurePolicy is FailurePolicy(3), want FailOpen or FailClosed"},
+		{"negative max keys", Config{Rules: ok, MaxKeys: -1}, "Config.MaxKeys is -1, want 1 to 2147483648"},
+		{"negative max key len", Config{Rules: ok, MaxKeyLen: -5}, "Config.MaxKeyLen is -5, want 1 to 65536"},
+		{"max key len too large", Config{Rules: ok, MaxKeyLen: 1 << 20}, "Config.MaxKeyLen is 1048576, want 1 to 65536"},
+		{"prefix with brace", Config{Rules: ok, Prefix: "a{b"}, `Config.Prefix is "a{b", want at most 64 bytes without '{', '}' or ':'`},
+		{"prefix with colon", Config{Rules: ok, Prefix: "a:b"}, "Config.Prefix is"},
+		{"store timeout", Config{Rules: ok, StoreTimeout: 2 * time.Minute}, "Config.StoreTimeout is 2m0s, want 1ms to 1m"},
+		{"clock resolution", Config{Rules: ok, ClockResolution: 2 * time.Second}, "Config.ClockResolution is 2s, want 1µs to 1s"},
+		{"clock sync", Config{Rules: ok, ClockSync: time.Millisecond}, "Config.ClockSync is 1ms, want 1s to 1h"},
+		{"log every", Config{Rules: ok, LogEvery: -time.Second}, "Config.LogEvery is -1s, want 1ms to 1h"},
+	}
+	for _, tt := range tests {
+		_, err := New(tt.cfg)
+		if assert.Error(t, err, tt.name) {
+			assert.Contains(t, err.Error(), tt.want, tt.name)
+			assert.Contains(t, err.Error(), "hybridlimit: ", tt.name)
+		}
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	cfg, err := Config{Rules: []Rule{{Limit: 1, Window: time.Second}}, Mode: ModeAsync, Store: store.NewMemory(nil)}.validate()
+	require.NoError(t, err)
+	assert.Equal(t, DefaultSyncRate, cfg.SyncRate)
+	assert.Equal(t, DefaultMaxKeys, cfg.MaxKeys)
+	assert.Equal(t, DefaultMaxKeyLen, cfg.MaxKeyLen)
+	assert.Equal(t, DefaultPrefix, cfg.Prefix)
+	assert.Equal(t, DefaultStoreTimeout, cfg.StoreTimeout)
+	assert.Equal(t, time.Millisecond, cfg.ClockResolution, "real clock: coarse 1ms timestamp")
+	assert.Equal(t, DefaultClockSync, cfg.ClockSync)
+	assert.NotNil(t, cfg.Clock)
+
+	// The zero Mode is local and needs nothing else.
+	l, err := New(Config{Rules: []Rule{{Limit: 1, Window: time.Second}}})
+	require.NoError(t, err)
+	assert.Equal(t, ModeLocal, l.Mode())
+	require.NoError(t, l.Close(t.Context()))
+}
+
+func TestInputErrors(t *testing.T) {
+	l, _ := newMockLimiter(t, Config{Rules: []Rule{{Limit: 5, Window: time.Second}, {Limit: 3, Window: time.Minute}}, MaxKeyLen: 8})
+	ctx := t.Context()
+	_, err := l.Allow(ctx, "")
+	assert.ErrorIs(t, err, ErrEmptyKey)
+	_, err = l.Allow(ctx, "123456789")
+	assert.EqualError(t, err, "hybridlimit: key of 9 bytes exceeds Config.MaxKeyLen 8")
+	_, err = l.AllowN(ctx, "k", 0)
+	assert.EqualError(t, err, "hybridlimit: AllowN(n=0): cost must be at least 1")
+	_, err = l.AllowN(ctx, "k", -3)
+	assert.EqualError(t, err, "hybridlimit: AllowN(n=-3): cost must be at least 1")
+	_, err = l.AllowN(ctx, "k", 4)
+	assert.EqualError(t, err, "hybridlimit: AllowN(n=4) exceeds Config.Rules[1].Limit 3: it can never be admitted")
+	_, err = l.PeekN(ctx, "k", 4)
+	assert.EqualError(t, err, "hybridlimit: PeekN(n=4) exceeds Config.Rules[1].Limit 3: it can never be admitted")
+	_, err = l.WaitN(ctx, "k", 0)
+	assert.Error(t, err)
+	_, err = l.State(ctx, "", nil)
+	assert.ErrorIs(t, err, ErrEmptyKey)
+	require.NoError(t, l.Close(ctx))
+	_, err = l.Allow(ctx, "k")
+	assert.ErrorIs(t, err, ErrClosed)
+}
