@@ -1,0 +1,240 @@
+package httplimit
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// A KeyFunc returns the rate-limit key of a request: requests with the same
+// key share one quota. An error makes the middleware answer with
+// Options.ErrorHandler (by default 400 Bad Request) without calling the
+// wrapped handler. A KeyFunc must be safe for concurrent use.
+type KeyFunc func(r *http.Request) (string, error)
+
+// ErrNoKey is wrapped by the errors of the provided key functions when the
+// request does not carry what they key on (a missing header, an unparsable
+// remote address).
+var ErrNoKey = errors.New("httplimit: request has no rate-limit key")
+
+// IPOptions configures ClientIP. The zero value keys on the connection's
+// remote address and ignores every forwarded header.
+type IPOptions struct {
+	// TrustedProxies are the networks of the reverse proxies whose
+	// forwarded header is believed. A forwarded header is read only when
+	// the connection comes from one of them, and only its entries appended
+	// by trusted proxies are followed: the client is the rightmost entry
+	// that is not itself a trusted proxy. Anyone else's header is ignored,
+	// since trusting it blindly would let any client pick its own key.
+	TrustedProxies []netip.Prefix
+	// Header is the forwarded header, holding a comma-separated list of
+	// addresses, each proxy appending the address it received the request
+	// from (X-Forwarded-For, the default, or a single-address header such
+	// as X-Real-IP).
+	Header string
+	// IPv6Bits, if between 1 and 127, keys IPv6 clients on their /IPv6Bits
+	// network instead of their full address (64 keys a client's whole
+	// subnet, which one host usually controls). 0 keys full addresses.
+	IPv6Bits int
+}
+
+// ClientIP returns a KeyFunc keying requests on the client's IP address:
+// the connection's remote address (Request.RemoteAddr) or, when that is a
+// trusted proxy, the client named by the forwarded header (see IPOptions).
+// IPv4-mapped IPv6 addresses are keyed as IPv4. It returns an error for an
+// invalid IPOptions.
+func ClientIP(opts IPOptions) (KeyFunc, error) {
+	if opts.IPv6Bits < 0 || opts.IPv6Bits > 127 {
+		return nil, fmt.Errorf("httplimit: IPOptions.IPv6Bits is %d, want 0 (full address) to 127", opts.IPv6Bits)
+	}
+	for i, p := range opts.TrustedProxies {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("httplimit: IPOptions.TrustedProxies[%d] is not a valid prefix", i)
+		}
+		opts.TrustedProxies[i] = p.Masked()
+	}
+	header := opts.Header
+	if header == "" {
+		header = "X-Forwarded-For"
+	}
+	header = http.CanonicalHeaderKey(header)
+	k := &ipKeyer{trusted: append([]netip.Prefix(nil), opts.TrustedProxies...), header: header, v6bits: opts.IPv6Bits}
+	return k.key, nil
+}
+
+// ParsePrefixes parses a comma-separated list of CIDR prefixes or single
+// addresses (a single address is its own /32 or /128), for
+// IPOptions.TrustedProxies. An empty string gives an empty list.
+func ParsePrefixes(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if strings.Contains(f, "/") {
+			p, err := netip.ParsePrefix(f)
+			if err != nil {
+				return nil, fmt.Errorf("httplimit: trusted proxy %q: %w", f, err)
+			}
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(f)
+		if err != nil {
+			return nil, fmt.Errorf("httplimit: trusted proxy %q: %w", f, err)
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
+}
+
+type ipKeyer struct {
+	trusted []netip.Prefix
+	header  string
+	v6bits  int
+}
+
+func (k *ipKeyer) isTrusted(a netip.Addr) bool {
+	for _, p := range k.trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+func (k *ipKeyer) key(r *http.Request) (string, error) {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr // some servers and tests set a bare address
+	}
+	peer, err := netip.ParseAddr(host)
+	if err != nil {
+		return "", fmt.Errorf("%w: remote address %q is not an IP address", ErrNoKey, r.RemoteAddr)
+	}
+	dotted := peer.Is4() // ParseAddr accepts only canonical dotted quads
+	peer = peer.Unmap().WithZone("")
+	client := peer
+	if len(k.trusted) > 0 && k.isTrusted(peer) {
+		client = k.forwarded(r.Header[k.header], peer)
+	}
+	if client == peer && dotted {
+		return host, nil // already canonical: no allocation
+	}
+	return k.format(client), nil
+}
+
+// forwarded walks the forwarded header from the right, past trusted
+// proxies, and returns the first address that is not one: the client. An
+// unparsable entry stops the walk at the last trusted address.
+func (k *ipKeyer) forwarded(lines []string, peer netip.Addr) netip.Addr {
+	client := peer
+	for i := len(lines) - 1; i >= 0; i-- {
+		s := lines[i]
+		for s != "" {
+			var f string
+			if j := strings.LastIndexByte(s, ','); j >= 0 {
+				f, s = s[j+1:], s[:j]
+			} else {
+				f, s = s, ""
+			}
+			f = strings.TrimSpace(f)
+			if f == "" {
+				continue
+			}
+			a, ok := parseForwarded(f)
+			if !ok {
+				return client
+			}
+			client = a
+			if !k.isTrusted(a) {
+				return client
+			}
+		}
+	}
+	return client
+}
+
+// parseForwarded parses one forwarded entry: an address, possibly with a
+// port ("192.0.2.1:80", "[2001:db8::1]:80").
+func parseForwarded(f string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(f); err == nil {
+		return a.Unmap().WithZone(""), true
+	}
+	if ap, err := netip.ParseAddrPort(f); err == nil {
+		return ap.Addr().Unmap().WithZone(""), true
+	}
+	return netip.Addr{}, false
+}
+
+func (k *ipKeyer) format(a netip.Addr) string {
+	if a.Is6() && k.v6bits > 0 {
+		p, _ := a.Prefix(k.v6bits)
+		return p.String()
+	}
+	return a.String()
+}
+
+// Header returns a KeyFunc keying requests on the value of the request
+// header name (an API key, a tenant id). A request without it, or with an
+// empty value, gets an error wrapping ErrNoKey.
+func Header(name string) KeyFunc {
+	name = http.CanonicalHeaderKey(name)
+	return func(r *http.Request) (string, error) {
+		if v := r.Header[name]; len(v) > 0 && v[0] != "" {
+			return v[0], nil
+		}
+		return "", fmt.Errorf("%w: header %s is missing", ErrNoKey, name)
+	}
+}
+
+// MethodPath returns a KeyFunc keying requests on their method and URL
+// path ("GET /users/42"): one quota per resource, shared by all clients.
+// Combine it with ClientIP for one quota per client and resource.
+func MethodPath() KeyFunc {
+	return func(r *http.Request) (string, error) {
+		return r.Method + " " + r.URL.Path, nil
+	}
+}
+
+// Pattern returns a KeyFunc keying requests on the http.ServeMux pattern
+// that matched them (Request.Pattern, such as "GET /users/{id}"): one quota
+// per route, whatever the path's variables. The pattern is only known once
+// the mux has routed the request, so wrap the route's handler, not the
+// mux; a request without a pattern gets an error wrapping ErrNoKey.
+func Pattern() KeyFunc {
+	return func(r *http.Request) (string, error) {
+		if r.Pattern == "" {
+			return "", fmt.Errorf("%w: request was not routed by a ServeMux pattern (wrap the route's handler, not the mux)", ErrNoKey)
+		}
+		return r.Pattern, nil
+	}
+}
+
+// Combine returns a KeyFunc keying requests on the keys of all fns
+// together (for example a client IP and a route). Each part is
+// length-prefixed, so that no two different combinations give the same
+// key whatever bytes the parts hold. The first error is returned.
+func Combine(fns ...KeyFunc) KeyFunc {
+	fns = append([]KeyFunc(nil), fns...)
+	return func(r *http.Request) (string, error) {
+		var buf [128]byte
+		b := buf[:0]
+		for _, fn := range fns {
+			k, err := fn(r)
+			if err != nil {
+				return "", err
+			}
+			b = strconv.AppendInt(b, int64(len(k)), 10)
+			b = append(b, ':')
+			b = append(b, k...)
+		}
+		return string(b), nil
+	}
+}

@@ -1,0 +1,180 @@
+package httplimit_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/httplimit"
+)
+
+func TestClientIP(t *testing.T) {
+	trusted, err := httplimit.ParsePrefixes("10.0.0.0/8, 2001:db8:ffff::/48, 192.0.2.254")
+	require.NoError(t, err)
+	cases := []struct {
+		name    string
+		opts    httplimit.IPOptions
+		remote  string
+		xff     []string
+		realIP  string
+		want    string
+		wantErr bool
+	}{
+		{name: "remote v4", remote: "192.0.2.1:1234", want: "192.0.2.1"},
+		{name: "remote v6", remote: "[2001:DB8::0:1]:80", want: "2001:db8::1"},
+		{name: "remote v6 zone", remote: "[fe80::1%eth0]:80", want: "fe80::1"},
+		{name: "remote mapped", remote: "[::ffff:192.0.2.1]:80", want: "192.0.2.1"},
+		{name: "remote bare", remote: "192.0.2.1", want: "192.0.2.1"},
+		{name: "remote garbage", remote: "pipe", wantErr: true},
+		{name: "no trust: xff ignored", remote: "192.0.2.1:1", xff: []string{"203.0.113.9"}, want: "192.0.2.1"},
+		{name: "spoof from untrusted peer ignored", opts: httplimit.IPOptions{TrustedProxies: trusted},
+			remote: "198.51.100.7:1", xff: []string{"203.0.113.9"}, want: "198.51.100.7"},
+		{name: "trusted proxy", opts: httplimit.IPOptions{TrustedProxies: trusted},
+			remote: "10.1.2.3:1", xff: []string{"203.0.113.9"}, want: "203.0.113.9"},
+		{name: "spoofed left part skipped", opts: httplimit.IPOptions{TrustedProxies: trusted},
+			remote: "10.1.2.3:1", xff: []string{"1.1.1.1, 203.0.113.9"}, want: "203.0.113.9"},
+		{name: "chain of trusted proxies", opts: httplimit.IPOptions{TrustedProxies: trusted},
+			remote: "10.1.2.3:1", xff: []string{"6.6.6.6, 203.0.113.9, 192.0.2.254 , 10.9.9.9"}, want: "203.0.113.9"},
+		{name: "several header lines", opts: httplimit.IPOptions{TrustedProxies: trusted},
+			remote: "10.1.2.3:1", xff: []string{"6.6.6.6, 203.0.113.9", "10.0.0.1"}, want: "203.0.113.9"},
+		{name: "all trusted", opts: httplimit.IPOptions{TrustedProxies: trusted},
+			remote: "10.1.2.3:1", xff: []string{"10.0.0.2,10.0.0.1"}, want: "10.0.0.2"},
+		{name: "garbage stops at last trusted", opts: httplimit.IPOptions{TrustedProxies: trusted},
+			remote: "10.1.2.3:1", xff: []string{"203.0.113.9, bogus, 10.0.0.1"}, want: "10.0.0.1"},
+		{name: "entry with port", opts: httplimit.IPOptions{TrustedProxies: trusted},
+			remote: "10.1.2.3:1", xff: []string{"[2001:db8::7]:443"}, want: "2001:db8::7"},
+		{name: "empty header from trusted", opts: httplimit.IPOptions{TrustedProxies: trusted},
+			remote: "10.1.2.3:1", want: "10.1.2.3"},
+		{name: "trusted v6 proxy", opts: httplimit.IPOptions{TrustedProxies: trusted},
+			remote: "[2001:db8:ffff::1]:1", xff: []string{"::ffff:203.0.113.9"}, want: "203.0.113.9"},
+		{name: "x-real-ip", opts: httplimit.IPOptions{TrustedProxies: trusted, Header: "x-real-ip"},
+			remote: "10.1.2.3:1", xff: []string{"6.6.6.6"}, realIP: "203.0.113.9", want: "203.0.113.9"},
+		{name: "ipv6 /64", opts: httplimit.IPOptions{IPv6Bits: 64},
+			remote: "[2001:db8:1:2:3:4:5:6]:1", want: "2001:db8:1:2::/64"},
+		{name: "ipv6 bits leave v4 alone", opts: httplimit.IPOptions{IPv6Bits: 64},
+			remote: "192.0.2.1:1", want: "192.0.2.1"},
+	}
+	for _, c := range cases {
+		key, err := httplimit.ClientIP(c.opts)
+		require.NoError(t, err, c.name)
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = c.remote
+		for _, v := range c.xff {
+			r.Header.Add("X-Forwarded-For", v)
+		}
+		if c.realIP != "" {
+			r.Header.Set("X-Real-IP", c.realIP)
+		}
+		got, err := key(r)
+		if c.wantErr {
+			assert.ErrorIs(t, err, httplimit.ErrNoKey, c.name)
+			continue
+		}
+		assert.NoError(t, err, c.name)
+		assert.Equal(t, c.want, got, c.name)
+	}
+}
+
+func TestClientIPErrors(t *testing.T) {
+	_, err := httplimit.ClientIP(httplimit.IPOptions{IPv6Bits: 128})
+	assert.EqualError(t, err, "httplimit: IPOptions.IPv6Bits is 128, want 0 (full address) to 127")
+	_, err = httplimit.ClientIP(httplimit.IPOptions{TrustedProxies: []netip.Prefix{{}}})
+	assert.EqualError(t, err, "httplimit: IPOptions.TrustedProxies[0] is not a valid prefix")
+	_, err = httplimit.ParsePrefixes("10.0.0.0/8,nope")
+	assert.ErrorContains(t, err, `trusted proxy "nope"`)
+	_, err = httplimit.ParsePrefixes("10.0.0.0/33")
+	assert.ErrorContains(t, err, `trusted proxy "10.0.0.0/33"`)
+	p, err := httplimit.ParsePrefixes("")
+	assert.NoError(t, err)
+	assert.Empty(t, p)
+}
+
+// TestSpoofedForwardedFor: a client that is not a trusted proxy cannot
+// escape its quota by sending a different X-Forwarded-For each time.
+func TestSpoofedForwardedFor(t *testing.T) {
+	l, _ := newLocal(t, hybridlimit.Rule{Limit: 2, Window: time.Minute})
+	trusted, _ := httplimit.ParsePrefixes("10.0.0.0/8")
+	key, err := httplimit.ClientIP(httplimit.IPOptions{TrustedProxies: trusted})
+	require.NoError(t, err)
+	h := mustNew(t, l, key, httplimit.Options{}).Wrap(ok)
+	codes := []int{}
+	for _, spoof := range []string{"1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4"} {
+		codes = append(codes, do(h, "198.51.100.7:5555", "X-Forwarded-For", spoof).Code)
+	}
+	assert.Equal(t, []int{200, 200, 429, 429}, codes)
+	// Behind the trusted proxy, each forwarded client has its own quota.
+	codes = codes[:0]
+	for _, client := range []string{"1.1.1.1", "2.2.2.2", "1.1.1.1", "1.1.1.1"} {
+		codes = append(codes, do(h, "10.0.0.1:5555", "X-Forwarded-For", client).Code)
+	}
+	assert.Equal(t, []int{200, 200, 200, 429}, codes)
+}
+
+func TestOtherKeys(t *testing.T) {
+	r := httptest.NewRequest("POST", "/users/42?x=1", nil)
+	r.Header.Set("X-Api-Key", "secret")
+	r.RemoteAddr = "192.0.2.1:1"
+
+	k, err := httplimit.MethodPath()(r)
+	assert.NoError(t, err)
+	assert.Equal(t, "POST /users/42", k)
+
+	k, err = httplimit.Header("x-api-key")(r)
+	assert.NoError(t, err)
+	assert.Equal(t, "secret", k)
+
+	_, err = httplimit.Pattern()(r)
+	assert.ErrorIs(t, err, httplimit.ErrNoKey)
+	r.Pattern = "POST /users/{id}"
+	k, err = httplimit.Pattern()(r)
+	assert.NoError(t, err)
+	assert.Equal(t, "POST /users/{id}", k)
+
+	ip := remoteIP(t)
+	k, err = httplimit.Combine(ip, httplimit.MethodPath())(r)
+	assert.NoError(t, err)
+	assert.Equal(t, "9:192.0.2.114:POST /users/42", k)
+
+	_, err = httplimit.Combine(ip, httplimit.Header("X-Missing"))(r)
+	assert.ErrorIs(t, err, httplimit.ErrNoKey)
+
+	// Parts cannot run into each other.
+	a := httplimit.Combine(httplimit.Header("A"), httplimit.Header("B"))
+	r1 := httptest.NewRequest("GET", "/", nil)
+	r1.Header.Set("A", "x:y")
+	r1.Header.Set("B", "z")
+	r2 := httptest.NewRequest("GET", "/", nil)
+	r2.Header.Set("A", "x")
+	r2.Header.Set("B", "y:z")
+	k1, _ := a(r1)
+	k2, _ := a(r2)
+	assert.NotEqual(t, k1, k2)
+}
+
+// TestPatternKey: wrapping a route's handler, the key is the mux pattern,
+// so every path of the route shares one quota.
+func TestPatternKey(t *testing.T) {
+	l, _ := newLocal(t, hybridlimit.Rule{Limit: 2, Window: time.Minute})
+	m := mustNew(t, l, httplimit.Pattern(), httplimit.Options{})
+	mux := testMux(m)
+	codes := []int{}
+	for _, p := range []string{"/users/1", "/users/2", "/users/3", "/other"} {
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, httptest.NewRequest("GET", p, nil))
+		codes = append(codes, w.Code)
+	}
+	assert.Equal(t, []int{200, 200, 429, 200}, codes)
+}
+
+func testMux(m *httplimit.Middleware) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /users/{id}", m.Wrap(ok))
+	mux.Handle("GET /other", m.Wrap(ok))
+	return mux
+}

@@ -1,0 +1,415 @@
+// Package httplimit is net/http middleware for a hybridlimit.Limiter. It
+// keys each request (client IP, API key header, route, or a combination),
+// decides it with the limiter, answers denied requests with 429 Too Many
+// Requests, a Retry-After header and an RFC 9457 problem+json body, and
+// sets the rate-limit headers on every response: the IETF draft fields
+// RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers,
+// structured-field syntax, one policy per rule) and the widely used
+// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset (describing the
+// tightest rule).
+//
+// The middleware adds no I/O of its own: with a limiter in ModeLocal or
+// ModeAsync a request costs a key lookup and a few atomic operations, and
+// the limiter's FailurePolicy decides while its store fails; a store error
+// never becomes a 500.
+//
+//	key, _ := httplimit.ClientIP(httplimit.IPOptions{})
+//	mw, err := httplimit.New(limiter, key, httplimit.Options{})
+//	if err != nil { ... }
+//	http.ListenAndServe(":8080", mw.Wrap(mux))
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/hybridlimit/hybridlimit"
+)
+
+// ProblemType is the RFC 9457 problem type of the default denial body, the
+// "quota exceeded" type that the rate-limit headers draft registers.
+const ProblemType = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+// Options configures a Middleware. The zero value denies with 429, a
+// problem+json body and every header, and counts each request as 1.
+type Options struct {
+	// Cost returns the cost of a request, 1 to the limiter's smallest
+	// limit; nil counts every request as 1. A cost outside that range is an
+	// error for ErrorHandler.
+	Cost func(r *http.Request) int64
+
+	// DeniedStatus is the status of a denied request: 400 to 599, default
+	// http.StatusTooManyRequests.
+	DeniedStatus int
+
+	// DeniedHandler, if set, writes the response to a denied request
+	// instead of the default problem+json body. The rate-limit headers and
+	// Retry-After are already set when it runs, and ResultFrom(r) returns
+	// the decision; it must write the status itself (see DeniedStatus).
+	DeniedHandler http.Handler
+
+	// ErrorHandler, if set, answers a request whose key could not be
+	// computed or that the limiter refused (an empty or oversized key, a
+	// cost out of range, a closed limiter). By default a key error gets
+	// 400 Bad Request, a closed limiter or a done request context 503
+	// Service Unavailable, each with a problem+json body. Store failures
+	// never reach it: the limiter's FailurePolicy decides them.
+	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
+
+	// Shadow decides and reports every request (headers, OnDenied) but
+	// never blocks one: operators roll out new limits this way. Denied
+	// requests cost nothing (unless the limiter counts denied requests),
+	// so the headers show what enforcing would do.
+	Shadow bool
+
+	// OnDenied, if set, is called for every denied request, also in shadow
+	// mode, before the response is written. Use it to log or count
+	// denials. It must be safe for concurrent use and must not block.
+	OnDenied func(r *http.Request, key string, res hybridlimit.Result)
+
+	// RetryJitter, if positive, adds a uniformly random delay between zero
+	// and RetryJitter to Retry-After, so that clients denied together do
+	// not all come back at the same second.
+	RetryJitter time.Duration
+
+	// HideDraftHeaders omits RateLimit-Policy and RateLimit;
+	// HideLegacyHeaders omits RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset. Retry-After is always sent on a denial.
+	HideDraftHeaders  bool
+	HideLegacyHeaders bool
+
+	// PolicyNames names the policies of the draft headers, one per rule in
+	// the limiter's order; nil names each after its window (see
+	// PolicyName). Names must be unique, non-empty printable ASCII.
+	PolicyNames []string
+}
+
+// Middleware rate-limits HTTP requests with a hybridlimit.Limiter. Create
+// one with New; the zero value is not usable. A Middleware is safe for
+// concurrent use, and one Middleware can wrap any number of handlers
+// (which then share the limiter's quotas).
+type Middleware struct {
+	l        *hybridlimit.Limiter
+	key      KeyFunc
+	opts     Options
+	status   int
+	names    []string
+	policy   string // the RateLimit-Policy value, fixed
+	multi    bool   // several rules: the RateLimit field needs State
+	minLimit int64
+}
+
+// New returns a middleware deciding requests with l, keyed by key.
+func New(l *hybridlimit.Limiter, key KeyFunc, opts Options) (*Middleware, error) {
+	if l == nil {
+		return nil, errors.New("httplimit: New: limiter is nil")
+	}
+	if key == nil {
+		return nil, errors.New("httplimit: New: key function is nil")
+	}
+	m := &Middleware{l: l, key: key, opts: opts, status: opts.DeniedStatus}
+	if m.status == 0 {
+		m.status = http.StatusTooManyRequests
+	}
+	if m.status < 400 || m.status > 599 {
+		return nil, fmt.Errorf("httplimit: Options.DeniedStatus is %d, want 400 to 599", opts.DeniedStatus)
+	}
+	if opts.RetryJitter < 0 {
+		return nil, fmt.Errorf("httplimit: Options.RetryJitter is %v, want zero or positive", opts.RetryJitter)
+	}
+	rules := l.Rules()
+	if opts.PolicyNames != nil && len(opts.PolicyNames) != len(rules) {
+		return nil, fmt.Errorf("httplimit: Options.PolicyNames has %d names, want one per rule: %d", len(opts.PolicyNames), len(rules))
+	}
+	limits := make([]int64, len(rules))
+	windows := make([]time.Duration, len(rules))
+	m.minLimit = rules[0].Limit
+	for i, r := range rules {
+		name := PolicyName(r.Window)
+		if opts.PolicyNames != nil {
+			name = opts.PolicyNames[i]
+		}
+		if name == "" {
+			return nil, fmt.Errorf("httplimit: Options.PolicyNames[%d] is empty", i)
+		}
+		if err := checkSFString(name); err != nil {
+			return nil, fmt.Errorf("httplimit: Options.PolicyNames[%d] is %q: %v; want printable ASCII", i, name, err)
+		}
+		for j, prev := range m.names {
+			if prev == name {
+				return nil, fmt.Errorf("httplimit: policy name %q of rule %d repeats rule %d's; set Options.PolicyNames", name, i, j)
+			}
+		}
+		m.names = append(m.names, name)
+		limits[i], windows[i] = r.Limit, r.Window
+		m.minLimit = min(m.minLimit, r.Limit)
+	}
+	m.opts.PolicyNames = m.names
+	m.policy = policyHeader(m.names, limits, windows)
+	m.multi = len(rules) > 1
+	return m, nil
+}
+
+// Wrap returns next behind the rate limit. Its method value m.Wrap is a
+// func(http.Handler) http.Handler, the usual middleware shape.
+func (m *Middleware) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.serve(w, r, next)
+	})
+}
+
+// PolicyNames returns the policy name of every rule, in the limiter's
+// order, as the draft headers report them.
+func (m *Middleware) PolicyNames() []string { return append([]string(nil), m.names...) }
+
+// KeyError is the error passed to Options.ErrorHandler when the key
+// function fails.
+type KeyError struct{ Err error }
+
+// Error returns the key function's error text.
+func (e *KeyError) Error() string { return "httplimit: rate-limit key: " + e.Err.Error() }
+
+// Unwrap returns the key function's error.
+func (e *KeyError) Unwrap() error { return e.Err }
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	key, err := m.key(r)
+	if err != nil {
+		m.fail(w, r, &KeyError{Err: err})
+		return
+	}
+	n := int64(1)
+	if m.opts.Cost != nil {
+		n = m.opts.Cost(r)
+	}
+	res, err := m.l.AllowN(r.Context(), key, n)
+	if err != nil {
+		m.fail(w, r, err)
+		return
+	}
+	var retry int64
+	if !res.Allowed {
+		retry = max(seconds(res.RetryAfter), 1)
+	}
+	m.setHeaders(w.Header(), r.Context(), key, &res, retry, !res.Allowed && !m.opts.Shadow)
+	if !res.Allowed {
+		if m.opts.OnDenied != nil {
+			m.opts.OnDenied(r, key, res)
+		}
+		if !m.opts.Shadow {
+			m.deny(w, r, key, &res, n, retry)
+			return
+		}
+	}
+	next.ServeHTTP(w, r)
+}
+
+// setHeaders sets the rate-limit headers, and Retry-After when sendRetry.
+// All the values share one string and one []string, whatever the number of
+// rules: two allocations.
+func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, res *hybridlimit.Result, retry int64, sendRetry bool) {
+	draft, legacy := !m.opts.HideDraftHeaders, !m.opts.HideLegacyHeaders
+	if !draft && !legacy && !sendRetry {
+		return
+	}
+	var retryAfter int64
+	if sendRetry {
+		retryAfter = retry
+		if m.opts.RetryJitter > 0 {
+			retryAfter = max(seconds(res.RetryAfter+time.Duration(rand.Int64N(int64(m.opts.RetryJitter)+1))), 1)
+		}
+	}
+	// t, the draft's effective window, is the time until the rule resets;
+	// on a denial it is capped at the retry delay, so that Retry-After
+	// never points before the end of the effective window (the draft's
+	// SHOULD) and no client is told to wait longer than needed.
+	reset := func(d time.Duration) int64 {
+		t := seconds(d)
+		if retry > 0 {
+			t = min(t, retry)
+		}
+		return t
+	}
+	var buf [256]byte
+	var ends [5]int
+	b := buf[:0]
+	k := 0
+	if draft {
+		if m.multi {
+			var st [hybridlimit.MaxRules]hybridlimit.RuleState
+			states, err := m.l.State(ctx, key, st[:0])
+			if err != nil || len(states) != len(m.names) {
+				states = states[:0]
+			}
+			for i, s := range states {
+				if i > 0 {
+					b = append(b, ", "...)
+				}
+				b = m.appendItem(b, i, s.Remaining, reset(s.ResetAfter))
+			}
+		} else {
+			b = m.appendItem(b, 0, res.Remaining, reset(res.ResetAfter))
+		}
+		ends[k] = len(b)
+		k++
+	}
+	if legacy {
+		b = strconv.AppendInt(b, res.Limit, 10)
+		ends[k] = len(b)
+		b = strconv.AppendInt(b, res.Remaining, 10)
+		ends[k+1] = len(b)
+		b = strconv.AppendInt(b, reset(res.ResetAfter), 10)
+		ends[k+2] = len(b)
+		k += 3
+	}
+	if sendRetry {
+		b = strconv.AppendInt(b, retryAfter, 10)
+		ends[k] = len(b)
+		k++
+	}
+	s := string(b)
+	nv := k
+	if draft {
+		nv++
+	}
+	vals := make([]string, nv)
+	from, v, e := 0, 0, 0
+	next := func(name string) {
+		vals[v] = s[from:ends[e]]
+		h[name] = vals[v : v+1 : v+1]
+		from = ends[e]
+		v++
+		e++
+	}
+	if draft {
+		vals[v] = m.policy
+		h[headerPolicy] = vals[v : v+1 : v+1]
+		v++
+		next(headerRateLimit)
+	}
+	if legacy {
+		next(headerLimit)
+		next(headerRemaining)
+		next(headerReset)
+	}
+	if sendRetry {
+		next(headerRetryAfter)
+	}
+}
+
+// appendItem appends rule i's Item of the RateLimit field.
+func (m *Middleware) appendItem(b []byte, i int, remaining, t int64) []byte {
+	b = appendSFString(b, m.names[i])
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, max(remaining, 0), 10)
+	b = append(b, ";t="...)
+	return strconv.AppendInt(b, t, 10)
+}
+
+type resultKey struct{}
+
+// ResultFrom returns the decision of a denied request, inside
+// Options.DeniedHandler.
+func ResultFrom(r *http.Request) (hybridlimit.Result, bool) {
+	res, ok := r.Context().Value(resultKey{}).(hybridlimit.Result)
+	return res, ok
+}
+
+// deny answers a denied request.
+func (m *Middleware) deny(w http.ResponseWriter, r *http.Request, key string, res *hybridlimit.Result, n, retry int64) {
+	if m.opts.DeniedHandler != nil {
+		m.opts.DeniedHandler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), resultKey{}, *res)))
+		return
+	}
+	// The violated policies: every rule that cannot admit the request now.
+	violated := make([]string, 0, 1)
+	if m.multi {
+		var st [hybridlimit.MaxRules]hybridlimit.RuleState
+		states, _ := m.l.State(r.Context(), key, st[:0])
+		for i, s := range states {
+			if s.Remaining < n || i == res.Rule {
+				violated = append(violated, m.names[i])
+			}
+		}
+	} else {
+		violated = append(violated, m.names[0])
+	}
+	b := make([]byte, 0, 256)
+	b = append(b, `{"type":`...)
+	b = strconv.AppendQuote(b, ProblemType)
+	b = append(b, `,"title":"Too Many Requests","status":`...)
+	b = strconv.AppendInt(b, int64(m.status), 10)
+	b = append(b, `,"detail":`...)
+	b = strconv.AppendQuote(b, fmt.Sprintf("rate limit exceeded; retry after %d s", retry))
+	b = append(b, `,"violated-policies":[`...)
+	for i, name := range violated {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, name) // printable ASCII: valid JSON
+	}
+	b = append(b, "]}\n"...)
+	writeProblem(w, m.status, b)
+}
+
+// fail answers a request that could not be decided.
+func (m *Middleware) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if m.opts.ErrorHandler != nil {
+		m.opts.ErrorHandler(w, r, err)
+		return
+	}
+	DefaultErrorHandler(w, r, err)
+}
+
+// DefaultErrorHandler is the ErrorHandler used when Options.ErrorHandler is
+// nil: 503 Service Unavailable for a closed limiter or a done request
+// context, 400 Bad Request otherwise (a key error, an empty or oversized
+// key, a cost out of range), with a problem+json body naming the error.
+func DefaultErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	status := http.StatusBadRequest
+	if errors.Is(err, hybridlimit.ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		status = http.StatusServiceUnavailable
+	}
+	b := make([]byte, 0, 256)
+	b = append(b, `{"title":`...)
+	b = strconv.AppendQuote(b, http.StatusText(status))
+	b = append(b, `,"status":`...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, `,"detail":`...)
+	b = appendJSONString(b, err.Error())
+	b = append(b, "}\n"...)
+	writeProblem(w, status, b)
+}
+
+func writeProblem(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// appendJSONString appends s as a JSON string, escaping what JSON
+// requires and replacing invalid UTF-8.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for _, c := range s { // ranging a string yields U+FFFD for invalid bytes
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', byte(c))
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = utf8.AppendRune(b, c)
+		}
+	}
+	return append(b, '"')
+}
