@@ -1,0 +1,227 @@
+package hybridlimit_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// Integration tests: several Limiters in this process act as nodes sharing
+// one real redis-server.
+
+func redisNodes(t *testing.T, c redis.UniversalClient, n int, cfg hybridlimit.Config) []*hybridlimit.Limiter {
+	t.Helper()
+	cfg.Store = store.NewRedis(c)
+	if cfg.Prefix == "" {
+		cfg.Prefix = redistest.Prefix(t)
+	}
+	var nodes []*hybridlimit.Limiter
+	for range n {
+		l, err := hybridlimit.New(cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		nodes = append(nodes, l)
+	}
+	return nodes
+}
+
+func counter(t *testing.T, c redis.UniversalClient, prefix, key string, window time.Duration, at time.Time) int64 {
+	t.Helper()
+	wms := window.Milliseconds()
+	k := store.CounterKey(store.KeyBase(prefix, key), wms, at.UnixMilli()/wms)
+	v, err := c.Get(context.Background(), k).Int64()
+	if err == redis.Nil {
+		return 0
+	}
+	require.NoError(t, err)
+	return v
+}
+
+func TestRedisAsyncConvergence(t *testing.T) {
+	c := redistest.Client(t)
+	pfx := redistest.Prefix(t)
+	rules := []hybridlimit.Rule{{Limit: 1_000_000, Window: time.Hour}, {Limit: 10_000_000, Window: 24 * time.Hour, Type: hybridlimit.Fixed}}
+	nodes := redisNodes(t, c, 4, hybridlimit.Config{Rules: rules, Mode: hybridlimit.ModeAsync, Prefix: pfx, Manual: true, ClockSync: -1})
+	ctx := context.Background()
+	keys := []string{"plain", "with space", "{braces}", "new\nline", "\x00\xffbin"}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for i, l := range nodes {
+		wg.Go(func() {
+			for j := range 500 * (i + 1) {
+				res, err := l.Allow(ctx, keys[j%len(keys)])
+				if assert.NoError(t, err) && res.Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for range 2 { // the second round reads back what later nodes pushed
+		for _, l := range nodes {
+			require.NoError(t, l.Sync(ctx))
+		}
+	}
+	now := time.Now()
+	var total int64
+	for _, k := range keys {
+		v := counter(t, c, pfx, k, time.Hour, now)
+		assert.Equal(t, v, counter(t, c, pfx, k, 24*time.Hour, now), "both rules count the same admissions of %q", k)
+		total += v
+		// Every node now sees the same cluster total for the key.
+		for i, l := range nodes {
+			st, err := l.State(ctx, k, nil)
+			require.NoError(t, err)
+			assert.Equal(t, rules[1].Limit-v, st[1].Remaining, "node %d, key %q", i, k)
+		}
+	}
+	assert.Equal(t, admitted.Load(), total, "the store holds exactly what the nodes admitted")
+	assert.Equal(t, int64(5000), total)
+}
+
+func TestRedisSynchronousExactness(t *testing.T) {
+	c := redistest.Client(t)
+	nodes := redisNodes(t, c, 8, hybridlimit.Config{
+		Rules: []hybridlimit.Rule{{Limit: 1000, Window: time.Hour}, {Limit: 5000, Window: 24 * time.Hour}},
+		Mode:  hybridlimit.ModeSynchronous,
+	})
+	var admitted, degraded atomic.Int64
+	var wg sync.WaitGroup
+	for _, l := range nodes {
+		for range 32 {
+			wg.Go(func() {
+				for range 6 { // 8 × 32 × 6 = 1536 requests for 1000
+					res, err := l.Allow(context.Background(), "exact")
+					if !assert.NoError(t, err) {
+						return
+					}
+					if res.Allowed {
+						admitted.Add(1)
+					}
+					if res.Degraded {
+						degraded.Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	assert.Equal(t, int64(0), degraded.Load())
+	assert.Equal(t, int64(1000), admitted.Load())
+	var calls uint64
+	for _, l := range nodes {
+		calls += l.Stats().StoreCalls
+	}
+	t.Logf("1536 synchronous decisions in %d round trips", calls)
+}
+
+func TestRedisOutageKeepsDecidingAndCatchesUp(t *testing.T) {
+	proxy := redistest.NewProxy(t, redistest.Addr(t))
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond,
+		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	direct := redistest.Client(t)
+	pfx := redistest.Prefix(t)
+	var errs atomic.Int64
+	nodes := redisNodes(t, c, 3, hybridlimit.Config{
+		Rules:        []hybridlimit.Rule{{Limit: 100_000, Window: time.Hour}},
+		Mode:         hybridlimit.ModeAsync,
+		SyncRate:     20 * time.Millisecond,
+		StoreTimeout: 200 * time.Millisecond,
+		Prefix:       pfx,
+		OnError:      func(error) { errs.Add(1) },
+	})
+	ctx := context.Background()
+	var admitted atomic.Int64
+	phase := func(d time.Duration) {
+		var wg sync.WaitGroup
+		stop := time.Now().Add(d)
+		for _, l := range nodes {
+			wg.Go(func() {
+				for i := 0; time.Now().Before(stop); i++ {
+					res, err := l.Allow(ctx, fmt.Sprint("k", i%10))
+					if !assert.NoError(t, err) {
+						return
+					}
+					if res.Allowed {
+						admitted.Add(1)
+					}
+					if i%100 == 0 {
+						time.Sleep(time.Millisecond)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	start := time.Now()
+	phase(200 * time.Millisecond)
+	proxy.Down()
+	before := admitted.Load()
+	phase(500 * time.Millisecond)
+	assert.Greater(t, admitted.Load(), before, "decisions go on during the outage")
+	failing := false
+	for _, l := range nodes {
+		st := l.Stats()
+		failing = failing || st.StoreFailing
+		assert.Positive(t, st.Pending, "increments wait for the store")
+	}
+	assert.True(t, failing)
+	assert.Positive(t, errs.Load())
+	proxy.Up()
+	phase(200 * time.Millisecond)
+	for _, l := range nodes {
+		require.NoError(t, l.Close(ctx))
+	}
+	var total int64
+	for i := range 10 {
+		total += counter(t, direct, pfx, fmt.Sprint("k", i), time.Hour, time.Now())
+		if time.Now().Truncate(time.Hour) != start.Truncate(time.Hour) { // the run crossed an hour
+			total += counter(t, direct, pfx, fmt.Sprint("k", i), time.Hour, start)
+		}
+	}
+	assert.Equal(t, admitted.Load(), total, "after the outage, the store holds every admission")
+	for _, l := range nodes {
+		assert.Equal(t, uint64(0), l.Stats().Dropped)
+	}
+}
+
+func TestRedisCloseFlushes(t *testing.T) {
+	c := redistest.Client(t)
+	pfx := redistest.Prefix(t)
+	nodes := redisNodes(t, c, 2, hybridlimit.Config{
+		Rules:    []hybridlimit.Rule{{Limit: 1000, Window: time.Hour}},
+		Mode:     hybridlimit.ModeAsync,
+		SyncRate: time.Hour, // no cycle would run before Close
+		Prefix:   pfx,
+	})
+	ctx := context.Background()
+	for _, l := range nodes {
+		for range 7 {
+			_, err := l.Allow(ctx, "flush")
+			require.NoError(t, err)
+		}
+	}
+	assert.Equal(t, int64(0), counter(t, c, pfx, "flush", time.Hour, time.Now()))
+	for _, l := range nodes {
+		require.NoError(t, l.Close(ctx))
+	}
+	assert.Equal(t, int64(14), counter(t, c, pfx, "flush", time.Hour, time.Now()))
+	// The counter expires after the next window.
+	wms := time.Hour.Milliseconds()
+	ttl, err := c.PTTL(ctx, store.CounterKey(store.KeyBase(pfx, "flush"), wms, time.Now().UnixMilli()/wms)).Result()
+	require.NoError(t, err)
+	assert.Greater(t, ttl, time.Hour)
+	assert.LessOrEqual(t, ttl, 2*time.Hour+time.Minute)
+}
