@@ -25,13 +25,13 @@ type env struct {
 
 // event kinds of the virtual-time driver.
 const (
-	evSync   = iota // a node starts a sync cycle
-	evApply         // a paced cycle's request reaches the store
-	evReply         // a paced cycle's reply reaches the node
-	evClock         // every node measures its offset to the store's clock
-	evEvict         // every node evicts idle keys
-	evLeave         // churn: nodes leave
-	evJoin          // churn: they come back as new nodes
+	evSync  = iota // a node starts a sync cycle
+	evApply        // a paced cycle's request reaches the store
+	evReply        // a paced cycle's reply reaches the node
+	evClock        // every node measures its offset to the store's clock
+	evEvict        // every node evicts idle keys
+	evLeave        // churn: nodes leave
+	evJoin         // churn: they come back as new nodes
 )
 
 type event struct {
@@ -199,6 +199,7 @@ func runConfig(o *options, m modeSpec, e env) (*report, error) {
 	ref := newReference(o)
 	names := keyNames(o.Keys)
 	logs := make([][]int64, o.Keys)
+	refLogs := make([][]int64, o.Keys)
 	bucket := int64(o.Bucket)
 	g := newTraffic(o)
 	var tick int64
@@ -235,6 +236,7 @@ func runConfig(o *options, m modeSpec, e env) (*report, error) {
 		if ideal {
 			r.Ideal++
 			r.idealSeries[b]++
+			refLogs[q.key] = append(refLogs[q.key], q.at)
 		}
 		if q.at >= tick && e.progress != nil {
 			e.progress(time.Duration(q.at))
@@ -246,6 +248,7 @@ func runConfig(o *options, m modeSpec, e env) (*report, error) {
 	}
 	d.base.set(d.start + int64(o.Duration))
 	r.PeakWindowRatio = peakRatio(logs, o)
+	r.IdealPeakRatio = peakRatio(refLogs, o)
 	r.StoreCalls = d.st.calls.Load()
 	r.StoreFailures = d.st.failed.Load()
 	for i, n := range d.nodes {
@@ -285,18 +288,7 @@ func evictEvery(rules []hybridlimit.Rule) time.Duration {
 // 1/(rank+1) for the present node of that rank.
 func (d *driver) pick(q request) int {
 	if d.o.Pattern == "sticky" {
-		total := 0.0
-		for k := range d.live {
-			total += 1 / float64(k+1)
-		}
-		x := q.draw * total
-		for k, i := range d.live {
-			x -= 1 / float64(k+1)
-			if x < 0 {
-				return i
-			}
-		}
-		return d.live[len(d.live)-1]
+		return d.live[stickyNode(q.draw, len(d.live))]
 	}
 	d.rr++
 	return d.live[d.rr%len(d.live)]
