@@ -1,0 +1,289 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// Concurrency. Local decisions are CPU-bound: BenchmarkLocal sets
+// GOMAXPROCS to procs and runs b.RunParallel, that is one goroutine per
+// processor, so procs=2 measures two cores deciding at once (aggregate
+// ns/op: wall time divided by all decisions). Distributed decisions wait on
+// the network: BenchmarkDistributed keeps GOMAXPROCS as it is (2 on the
+// reference machine) and runs exactly `goroutines` goroutines taking
+// decisions from a shared counter.
+
+// stride walks a key slice in a fixed pseudo-random order that visits every
+// key (it is coprime with the key counts used here).
+const stride = 7919
+
+// BenchmarkLocal measures one decision on a warm key without I/O: one hot
+// key or 100k keys chosen uniformly, one rule or three, on 1 or 2 cores.
+func BenchmarkLocal(b *testing.B) {
+	for _, im := range localImpls {
+		for _, nkeys := range []int{1, 100_000} {
+			for _, rules := range [][]limit{oneRule, threeRules} {
+				for _, procs := range []int{1, 2} {
+					name := fmt.Sprintf("impl=%s/keys=%s/rules=%d/procs=%d", im.name, count(nkeys), len(rules), procs)
+					b.Run(name, func(b *testing.B) {
+						benchLocal(b, im, nkeys, rules, procs)
+					})
+				}
+			}
+		}
+	}
+}
+
+func benchLocal(b *testing.B, im impl, nkeys int, rules []limit, procs int) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+	d := im.new(b, rules)
+	defer d.close()
+	keys := keyNames(nkeys)
+	for _, k := range keys { // warm every key
+		if !d.allow(k) {
+			b.Fatalf("%s denied the warm-up of %q", im.name, k)
+		}
+	}
+	var worker atomic.Int64
+	var denied atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(worker.Add(1)) * 1009 % nkeys
+		for pb.Next() {
+			if !d.allow(keys[i]) {
+				denied.Add(1)
+			}
+			i += stride
+			if i >= nkeys {
+				i -= nkeys
+				if i >= nkeys {
+					i %= nkeys
+				}
+			}
+		}
+	})
+	b.StopTimer()
+	if n := denied.Load(); n > 0 {
+		b.Fatalf("%s denied %d of %d decisions: the benchmark must measure admitted decisions", im.name, n, b.N)
+	}
+}
+
+// BenchmarkDistributed measures decisions that share their counts through
+// one Redis, with 1, 16 and 64 goroutines deciding at once over 1000 keys.
+// For hybridlimit-async the decision does no I/O and the sync loop pushes
+// to Redis every 100ms in the background; the metric redis-cmds/op is the
+// counter operations it sent per decision during the run.
+func BenchmarkDistributed(b *testing.B) {
+	for _, im := range distImpls {
+		for _, g := range []int{1, 16, 64} {
+			name := fmt.Sprintf("impl=%s/keys=1k/rules=1/goroutines=%d", im.name, g)
+			b.Run(name, func(b *testing.B) { benchDistributed(b, im, g) })
+		}
+	}
+}
+
+func benchDistributed(b *testing.B, im impl, goroutines int) {
+	d := im.new(b, oneRule)
+	defer d.close()
+	const nkeys = 1000
+	keys := keyNames(nkeys)
+	for _, k := range keys {
+		if !d.allow(k) {
+			b.Fatalf("%s denied the warm-up of %q", im.name, k)
+		}
+	}
+	h, isHybrid := d.(hybrid)
+	var before hybridlimit.Stats
+	if isHybrid {
+		before = h.l.Stats()
+	}
+	var next, denied atomic.Int64
+	var wg sync.WaitGroup
+	b.ReportAllocs()
+	b.ResetTimer()
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			i := g * 1009 % nkeys
+			for next.Add(1) <= int64(b.N) {
+				if !d.allow(keys[i]) {
+					denied.Add(1)
+				}
+				i = (i + stride) % nkeys
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	if n := denied.Load(); n > 0 {
+		b.Fatalf("%s denied %d of %d decisions", im.name, n, b.N)
+	}
+	if isHybrid {
+		after := h.l.Stats()
+		b.ReportMetric(float64(after.KeysPushed-before.KeysPushed)/float64(b.N), "redis-cmds/op")
+		b.ReportMetric(float64(after.StoreCalls-before.StoreCalls)/float64(b.N), "round-trips/op")
+	}
+}
+
+// BenchmarkSync measures how many key updates per second one node pushes
+// to Redis and pulls back (INCRBY returns the merged total), through the
+// real sync loop: a ModeAsync limiter with Manual set, whose keys were all
+// touched since the last cycle, runs one Sync per iteration. Beside it, in
+// the same run, the plain design: one go-redis pipeline of INCRBY + EXPIRE
+// per key. One op is one cycle over all the keys; the figure to compare is
+// keys/s.
+func BenchmarkSync(b *testing.B) {
+	for _, nkeys := range []int{1000, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("impl=hybridlimit-async/keys=%s", count(nkeys)), func(b *testing.B) {
+			benchSyncHybrid(b, nkeys)
+		})
+		b.Run(fmt.Sprintf("impl=pipeline-incrby-expire/keys=%s", count(nkeys)), func(b *testing.B) {
+			benchSyncPipeline(b, nkeys)
+		})
+	}
+}
+
+func benchSyncHybrid(b *testing.B, nkeys int) {
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules:  hybridRules(oneRule),
+		Mode:   hybridlimit.ModeAsync,
+		Store:  store.NewRedis(redistest.Client(b)),
+		Prefix: redistest.Prefix(b),
+		Manual: true,
+		// A cycle of 100k keys takes hundreds of milliseconds on a busy
+		// 2-core machine: measure it rather than time it out.
+		StoreTimeout: time.Minute,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = l.Close(ctx) }()
+	keys := keyNames(nkeys)
+	touch := func() {
+		for _, k := range keys {
+			if _, err := l.Allow(ctx, k); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	// One cycle first: counters created and their expiry set, as in a
+	// steady state where the keys are busy.
+	touch()
+	if err := l.Sync(ctx); err != nil {
+		b.Fatal(err)
+	}
+	before := l.Stats()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		touch()
+		b.StartTimer()
+		if err := l.Sync(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	pushed := l.Stats().KeysPushed - before.KeysPushed
+	if pushed != uint64(b.N*nkeys) {
+		b.Fatalf("sync pushed %d counter updates, want %d", pushed, b.N*nkeys)
+	}
+	b.ReportMetric(float64(pushed)/b.Elapsed().Seconds(), "keys/s")
+}
+
+func benchSyncPipeline(b *testing.B, nkeys int) {
+	c := redistest.Client(b)
+	prefix := redistest.Prefix(b)
+	keys := make([]string, nkeys)
+	for i, k := range keyNames(nkeys) {
+		keys[i] = prefix + ":{" + k + "}:60000:" + strconv.FormatInt(time.Now().UnixMilli()/60000, 10)
+	}
+	run := func(ctx context.Context) {
+		pipe := c.Pipeline()
+		incr := make([]*redis.IntCmd, len(keys))
+		for i, k := range keys {
+			incr[i] = pipe.IncrBy(ctx, k, 1)
+			pipe.Expire(ctx, k, 2*time.Minute)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
+		for _, cmd := range incr { // read the totals back, as a sync must
+			if _, err := cmd.Result(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	run(ctx)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		run(ctx)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N*nkeys)/b.Elapsed().Seconds(), "keys/s")
+}
+
+// BenchmarkMemory measures the heap held per tracked key once a limiter
+// tracks 1M keys (one rule): the live heap after a GC, with the limiter
+// filled, minus the live heap before it was created. The key strings are
+// allocated before and are not counted unless the limiter copies them. One
+// op fills one fresh limiter; run it with -benchtime=1x.
+func BenchmarkMemory(b *testing.B) {
+	const nkeys = 1_000_000
+	keys := keyNames(nkeys)
+	for _, im := range localImpls {
+		b.Run(fmt.Sprintf("impl=%s/keys=1M/rules=1", im.name), func(b *testing.B) {
+			var total float64
+			for range b.N {
+				b.StopTimer()
+				before := liveHeap()
+				b.StartTimer()
+				d := im.new(b, oneRule)
+				for _, k := range keys {
+					d.allow(k)
+				}
+				b.StopTimer()
+				total += float64(liveHeap()-before) / nkeys
+				runtime.KeepAlive(keys)
+				d.close()
+				b.StartTimer()
+			}
+			b.ReportMetric(total/float64(b.N), "B/key")
+		})
+	}
+}
+
+// liveHeap returns the bytes of live heap objects after a full GC.
+func liveHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// count formats a key count as in the benchmark names: 1, 1k, 100k, 1M.
+func count(n int) string {
+	switch {
+	case n >= 1_000_000 && n%1_000_000 == 0:
+		return fmt.Sprintf("%dM", n/1_000_000)
+	case n >= 1000 && n%1000 == 0:
+		return fmt.Sprintf("%dk", n/1000)
+	}
+	return strconv.Itoa(n)
+}

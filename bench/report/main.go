@@ -1,0 +1,471 @@
+// Command report runs hybridlimit's side-by-side benchmarks (the bench
+// module) and prints their results as markdown: one table per family with
+// ns/op, allocs/op and the ratio of each peer to hybridlimit measured in the
+// same run, then the targets, met or missed.
+//
+// Run it from the repository root (or from bench/):
+//
+//	go run ./bench/report                 # about 4 minutes on 2 cores
+//	go run ./bench/report -count 3        # median of 3 runs per benchmark
+//	go run ./bench/report -raw bench.txt  # also keep go test's output, for benchstat
+//
+// Benchmarks that need Redis use $HYBRIDLIMIT_REDIS_ADDR; when it is unset,
+// report starts a redis-server (from $PATH) on a free loopback port without
+// persistence, and stops it at the end.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+func main() {
+	benchtime := flag.String("benchtime", "1s", "go test -benchtime for the timed families (Memory always runs 1x)")
+	count := flag.Int("count", 1, "runs per benchmark; the table shows the median")
+	families := flag.String("families", "Local,Distributed,Sync,Memory", "benchmark families to run, comma-separated")
+	raw := flag.String("raw", "", "also write go test's raw output to this file (benchstat input)")
+	flag.Parse()
+	if err := run(*benchtime, *count, strings.Split(*families, ","), *raw); err != nil {
+		fmt.Fprintln(os.Stderr, "report:", err)
+		os.Exit(1)
+	}
+}
+
+func run(benchtime string, count int, families []string, rawPath string) error {
+	dir, err := benchDir()
+	if err != nil {
+		return err
+	}
+	if os.Getenv("HYBRIDLIMIT_REDIS_ADDR") == "" {
+		stop, err := startRedis()
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	var out bytes.Buffer
+	start := time.Now()
+	for _, f := range families {
+		bt := benchtime
+		if f == "Memory" {
+			bt = "1x"
+		}
+		args := []string{"test", "-run", "^$", "-bench", "^Benchmark" + f + "$", "-benchmem",
+			"-benchtime", bt, "-count", strconv.Itoa(count), "-timeout", "30m", "."}
+		fmt.Fprintf(os.Stderr, "== go %s (in %s)\n", strings.Join(args, " "), dir)
+		cmd := exec.Command("go", args...)
+		cmd.Dir = dir
+		cmd.Stdout = io.MultiWriter(&out, os.Stderr)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("go test -bench %s: %w", f, err)
+		}
+	}
+	if rawPath != "" {
+		if err := os.WriteFile(rawPath, out.Bytes(), 0o644); err != nil {
+			return err
+		}
+	}
+	res := parse(bytes.NewReader(out.Bytes()))
+	if len(res) == 0 {
+		return fmt.Errorf("no benchmark results in go test's output (is Redis reachable?)")
+	}
+	printReport(os.Stdout, res, cpuModel(&out), time.Since(start), benchtime, count)
+	return nil
+}
+
+// benchDir finds the bench module from the working directory.
+func benchDir() (string, error) {
+	for _, d := range []string{"bench", "."} {
+		b, err := os.ReadFile(filepath.Join(d, "go.mod"))
+		if err == nil && bytes.Contains(b, []byte("module github.com/hybridlimit/hybridlimit/bench\n")) {
+			return d, nil
+		}
+	}
+	return "", fmt.Errorf("run me from the hybridlimit repository root or from bench/")
+}
+
+// startRedis starts a throwaway redis-server and points the benchmarks at it.
+func startRedis() (stop func(), err error) {
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("HYBRIDLIMIT_REDIS_ADDR is unset and redis-server is not on $PATH: %w", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	cmd := exec.Command(path, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "no", "--loglevel", "warning")
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	for i := 0; ; i++ {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+			break
+		}
+		if i == 50 {
+			_ = cmd.Process.Kill()
+			return nil, fmt.Errorf("redis-server did not start on %s", addr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	os.Setenv("HYBRIDLIMIT_REDIS_ADDR", addr)
+	fmt.Fprintf(os.Stderr, "== started %s on %s\n", path, addr)
+	return func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }, nil
+}
+
+// result is one benchmark's figures (the median over -count runs).
+type result struct {
+	family string            // Local, Distributed, ...
+	impl   string            // the impl= parameter
+	params map[string]string // the other parameters
+	order  []string          // their names, in order
+	m      map[string]float64
+}
+
+func (r *result) key() string {
+	var b strings.Builder
+	for _, k := range r.order {
+		fmt.Fprintf(&b, "%s=%s/", k, r.params[k])
+	}
+	return b.String()
+}
+
+// parse reads go test -bench output, for example
+//
+//	BenchmarkLocal/impl=x/keys=1/rules=1/procs=1-2  100  85.2 ns/op  0 B/op  0 allocs/op
+func parse(r io.Reader) []*result {
+	byName := map[string]*result{}
+	samples := map[string]map[string][]float64{}
+	var names []string
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") || !strings.Contains(f[0], "/impl=") {
+			continue
+		}
+		name := f[0]
+		if i := strings.LastIndexByte(name, '-'); i > strings.LastIndexByte(name, '/') {
+			name = name[:i] // drop the GOMAXPROCS suffix
+		}
+		parts := strings.Split(name, "/")
+		res, ok := byName[name]
+		if !ok {
+			res = &result{family: strings.TrimPrefix(parts[0], "Benchmark"), params: map[string]string{}, m: map[string]float64{}}
+			for _, p := range parts[1:] {
+				k, v, _ := strings.Cut(p, "=")
+				if k == "impl" {
+					res.impl = v
+					continue
+				}
+				res.params[k] = v
+				res.order = append(res.order, k)
+			}
+			byName[name] = res
+			samples[name] = map[string][]float64{}
+			names = append(names, name)
+		}
+		for i := 2; i+1 < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err == nil {
+				samples[name][f[i+1]] = append(samples[name][f[i+1]], v)
+			}
+		}
+	}
+	var out []*result
+	for _, n := range names {
+		for unit, vs := range samples[n] {
+			byName[n].m[unit] = median(vs)
+		}
+		out = append(out, byName[n])
+	}
+	return out
+}
+
+func median(vs []float64) float64 {
+	s := slices.Clone(vs)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func cpuModel(out *bytes.Buffer) string {
+	for _, line := range strings.Split(out.String(), "\n") {
+		if s, ok := strings.CutPrefix(line, "cpu: "); ok {
+			return strings.TrimSpace(s)
+		}
+	}
+	return "unknown CPU"
+}
+
+// find returns the result of impl in the same case as r (same parameters).
+func find(res []*result, family, impl, key string) *result {
+	for _, r := range res {
+		if r.family == family && r.impl == impl && r.key() == key {
+			return r
+		}
+	}
+	return nil
+}
+
+// findP returns the result of impl in family with the given parameters.
+func findP(res []*result, family, impl string, params ...string) *result {
+	for _, r := range res {
+		if r.family != family || r.impl != impl {
+			continue
+		}
+		ok := true
+		for i := 0; i+1 < len(params); i += 2 {
+			ok = ok && r.params[params[i]] == params[i+1]
+		}
+		if ok {
+			return r
+		}
+	}
+	return nil
+}
+
+func ratio(a, b float64) string {
+	if a == 0 || b == 0 {
+		return "–"
+	}
+	x := a / b
+	switch {
+	case x >= 100:
+		return fmt.Sprintf("%.0f×", x)
+	case x >= 10:
+		return fmt.Sprintf("%.1f×", x)
+	}
+	return fmt.Sprintf("%.2f×", x)
+}
+
+func num(v float64) string {
+	switch {
+	case v >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case v >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64)
+}
+
+func si(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.0fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func printReport(w io.Writer, res []*result, cpu string, took time.Duration, benchtime string, count int) {
+	fmt.Fprintf(w, "Measured on %s, %d cores (GOMAXPROCS %d), %s/%s, %s; Redis on loopback. "+
+		"go test -benchtime %s -count %d (median), the whole run took %s.\n\n",
+		cpu, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version(),
+		benchtime, count, took.Round(time.Second))
+	families := map[string]bool{}
+	for _, r := range res {
+		families[r.family] = true
+	}
+	if families["Local"] {
+		fmt.Fprintln(w, "### Local decisions (warm keys, every decision admitted)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Ratio: the implementation's ns/op divided by hybridlimit's in the same row group (above 1: hybridlimit is faster). Peers enforce three rules by chaining one limiter per rule.")
+		fmt.Fprintln(w)
+		table(w, res, "Local", []string{"hybridlimit-local", "hybridlimit-async"}, nil)
+	}
+	if families["Distributed"] {
+		fmt.Fprintln(w, "### Distributed decisions (one Redis, 1000 keys, one rule)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "ns/op is wall time per decision with all goroutines deciding at once (decisions/s = 10⁹ ÷ ns/op). hybridlimit-async decides locally; its sync loop's load on Redis is redis-cmds/op and round-trips/op.")
+		fmt.Fprintln(w)
+		table(w, res, "Distributed", []string{"hybridlimit-async", "hybridlimit-sync"}, []string{"redis-cmds/op", "round-trips/op"})
+	}
+	if families["Sync"] {
+		fmt.Fprintln(w, "### Sync throughput (one node, one rule, every key touched since the last cycle)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "One op is one sync cycle over all the keys (push the increments, pull the merged totals). Ratio: hybridlimit's keys/s divided by the implementation's.")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| keys | impl | ms/cycle | keys/s | allocs/op | hybridlimit ÷ impl |")
+		fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: |")
+		for _, r := range res {
+			if r.family != "Sync" {
+				continue
+			}
+			h := find(res, "Sync", "hybridlimit-async", r.key())
+			hv := 0.0
+			if h != nil {
+				hv = h.m["keys/s"]
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", r.params["keys"], r.impl, num(r.m["ns/op"]/1e6),
+				si(r.m["keys/s"]), si(r.m["allocs/op"]), ratio(hv, r.m["keys/s"]))
+		}
+		fmt.Fprintln(w)
+	}
+	if families["Memory"] {
+		fmt.Fprintln(w, "### Memory per tracked key (1M keys, one rule)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Live heap after a GC, filled limiter minus empty process, per key; the key strings themselves are not counted unless the limiter copies them. Ratio: the implementation's B/key divided by hybridlimit-local's.")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| impl | B/key | fill time | × hybridlimit-local |")
+		fmt.Fprintln(w, "| --- | ---: | ---: | ---: |")
+		for _, r := range res {
+			if r.family != "Memory" {
+				continue
+			}
+			h := find(res, "Memory", "hybridlimit-local", r.key())
+			hv := 0.0
+			if h != nil {
+				hv = h.m["B/key"]
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s |\n", r.impl, num(r.m["B/key"]),
+				time.Duration(r.m["ns/op"]).Round(time.Millisecond), ratio(r.m["B/key"], hv))
+		}
+		fmt.Fprintln(w)
+	}
+	targets(w, res)
+}
+
+// table prints one family: a row per result, grouped by case, with the ratio
+// to each hybridlimit reference present in the case.
+func table(w io.Writer, res []*result, family string, refs, extra []string) {
+	var first *result
+	for _, r := range res {
+		if r.family == family {
+			first = r
+			break
+		}
+	}
+	if first == nil {
+		return
+	}
+	head := append(slices.Clone(first.order), "impl", "ns/op", "allocs/op", "B/op")
+	head = append(head, extra...)
+	for _, ref := range refs {
+		head = append(head, "× "+ref)
+	}
+	fmt.Fprintln(w, "| "+strings.Join(head, " | ")+" |")
+	align := make([]string, len(head))
+	for i := range align {
+		align[i] = "---:"
+		if i <= len(first.order) {
+			align[i] = "---"
+		}
+	}
+	fmt.Fprintln(w, "| "+strings.Join(align, " | ")+" |")
+	// Order rows by case (first seen), then implementation (as run).
+	var cases []string
+	rows := map[string][]*result{}
+	for _, r := range res {
+		if r.family != family {
+			continue
+		}
+		k := r.key()
+		if _, ok := rows[k]; !ok {
+			cases = append(cases, k)
+		}
+		rows[k] = append(rows[k], r)
+	}
+	for _, k := range cases {
+		for _, r := range rows[k] {
+			var cells []string
+			for _, p := range r.order {
+				cells = append(cells, r.params[p])
+			}
+			cells = append(cells, r.impl, num(r.m["ns/op"]), num(r.m["allocs/op"]), num(r.m["B/op"]))
+			for _, e := range extra {
+				if v, ok := r.m[e]; ok {
+					cells = append(cells, num(v))
+				} else {
+					cells = append(cells, "")
+				}
+			}
+			for _, ref := range refs {
+				h := find(res, family, ref, k)
+				if h == nil || h == r {
+					cells = append(cells, "")
+					continue
+				}
+				cells = append(cells, ratio(r.m["ns/op"], h.m["ns/op"]))
+			}
+			fmt.Fprintln(w, "| "+strings.Join(cells, " | ")+" |")
+		}
+	}
+	fmt.Fprintln(w)
+}
+
+// targets checks the targets against this run.
+func targets(w io.Writer, res []*result) {
+	fmt.Fprintln(w, "### Targets")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| target | measured | met |")
+	fmt.Fprintln(w, "| --- | --- | --- |")
+	row := func(target, measured string, ok bool) {
+		m := "yes"
+		if !ok {
+			m = "**no**"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s |\n", target, measured, m)
+	}
+	async := findP(res, "Local", "hybridlimit-async", "keys", "1", "rules", "1", "procs", "1")
+	if async != nil {
+		a := async.m["ns/op"]
+		if x := findP(res, "Local", "x-time-rate", "keys", "1", "rules", "1", "procs", "1"); x != nil {
+			row("async decision ≤ ½ x/time/rate (1 key, 1 rule, 1 goroutine)",
+				fmt.Sprintf("%s vs %s ns/op: %s", num(a), num(x.m["ns/op"]), ratio(x.m["ns/op"], a)), x.m["ns/op"] >= 2*a)
+		}
+		if u := findP(res, "Local", "ulule-memory", "keys", "1", "rules", "1", "procs", "1"); u != nil {
+			row("async decision ≥ 10× faster than ulule memory",
+				fmt.Sprintf("%s vs %s ns/op: %s", num(a), num(u.m["ns/op"]), ratio(u.m["ns/op"], a)), u.m["ns/op"] >= 10*a)
+		}
+		if r := findP(res, "Distributed", "redis-rate", "goroutines", "1"); r != nil {
+			row("async decision ≥ 500× faster than redis_rate (1 goroutine)",
+				fmt.Sprintf("%s vs %s ns/op: %s", num(a), num(r.m["ns/op"]), ratio(r.m["ns/op"], a)), r.m["ns/op"] >= 500*a)
+		}
+		row("async decision allocates nothing", fmt.Sprintf("%s allocs/op", num(async.m["allocs/op"])), async.m["allocs/op"] == 0)
+	}
+	for _, g := range []string{"16", "64"} {
+		s := findP(res, "Distributed", "hybridlimit-sync", "goroutines", g)
+		r := findP(res, "Distributed", "redis-rate", "goroutines", g)
+		if s != nil && r != nil {
+			row("synchronous ≥ redis_rate decisions/s, "+g+" goroutines",
+				fmt.Sprintf("%s vs %s decisions/s: %s", si(1e9/s.m["ns/op"]), si(1e9/r.m["ns/op"]), ratio(r.m["ns/op"], s.m["ns/op"])),
+				s.m["ns/op"] <= r.m["ns/op"])
+		}
+	}
+	for _, r := range res {
+		if r.family != "Sync" || r.impl != "hybridlimit-async" {
+			continue
+		}
+		p := find(res, "Sync", "pipeline-incrby-expire", r.key())
+		if p == nil {
+			continue
+		}
+		h, pv := r.m["keys/s"], p.m["keys/s"]
+		row("sync ≥ 1M keys/s or ≥ 2× pipelined INCRBY+EXPIRE, "+r.params["keys"]+" keys",
+			fmt.Sprintf("%s vs %s keys/s: %s", si(h), si(pv), ratio(h, pv)), h >= 1e6 || h >= 2*pv)
+	}
+	fmt.Fprintln(w)
+}
