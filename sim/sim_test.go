@@ -1,0 +1,237 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+)
+
+// runJSON runs the program with args plus -json -quiet and returns its
+// reports.
+func runJSON(t *testing.T, args ...string) ([]map[string]any, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(append(args, "-json", "-quiet"), &out, &errb)
+	require.Equal(t, 0, code, "stderr: %s", errb.String())
+	var reps []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m), line)
+		reps = append(reps, m)
+	}
+	return reps, out.String()
+}
+
+func TestDeterminism(t *testing.T) {
+	args := []string{"-duration", "4s", "-nodes", "4", "-rate", "1500", "-modes", "local,sync,async:50ms", "-pattern", "zipf", "-keys", "50", "-skew", "50ms", "-outage", "2s+1s", "-store-latency", "3ms", "-churn", "1@1s+2s", "-seed", "7"}
+	_, a := runJSON(t, args...)
+	_, b := runJSON(t, args...)
+	assert.Equal(t, a, b)
+	_, c := runJSON(t, append(args[:len(args)-1], "8")...)
+	assert.NotEqual(t, a, c, "another seed gives other traffic")
+}
+
+func TestJSONFields(t *testing.T) {
+	reps, _ := runJSON(t, "-duration", "2s", "-nodes", "2", "-rate", "500", "-modes", "async:100ms")
+	require.Len(t, reps, 1)
+	for _, f := range []string{"nodes", "mode", "sync_rate_ms", "pattern", "limit", "window_ms", "requests", "admitted", "ideal", "overshoot_pct", "false_deny_pct", "peak_window_ratio", "store_calls"} {
+		assert.Contains(t, reps[0], f)
+	}
+	assert.Equal(t, "async", reps[0]["mode"])
+	assert.Equal(t, 100.0, reps[0]["sync_rate_ms"])
+	assert.Equal(t, 2.0, reps[0]["nodes"])
+}
+
+// One node deciding every request in the store is the exact limiter.
+func TestOneNodeSynchronousIsExact(t *testing.T) {
+	for _, pattern := range []string{"steady", "burst", "zipf"} {
+		t.Run(pattern, func(t *testing.T) {
+			reps, _ := runJSON(t, "-nodes", "1", "-duration", "10s", "-rules", "100/1s,500/10s", "-pattern", pattern, "-keys", "5", "-overload", "3", "-modes", "sync")
+			r := reps[0]
+			assert.Equal(t, r["ideal"], r["admitted"])
+			assert.Equal(t, 0.0, r["overshoot_pct"])
+			// The store decides on whole milliseconds (TakeRequest.NowMs),
+			// the reference on nanoseconds: the store's previous-window
+			// weight is up to 1ms larger, so a few requests at the edge go
+			// the other way (the same number each way). With the
+			// reference truncated to milliseconds this is exactly 0.
+			assert.Less(t, r["false_deny_pct"], 2.0)
+		})
+	}
+}
+
+// N nodes on local counters, round robin, under steady overload of more
+// than N times the limit, admit about N times the limit.
+func TestLocalModeAdmitsNTimesLimit(t *testing.T) {
+	const nodes = 4
+	reps, _ := runJSON(t, "-nodes", "4", "-duration", "20s", "-rules", "100/1s", "-keys", "1", "-overload", "10", "-modes", "local")
+	r := reps[0]
+	admitted, ideal := r["admitted"].(float64), r["ideal"].(float64)
+	assert.InDelta(t, nodes*ideal, admitted, 0.02*nodes*ideal)
+	assert.InDelta(t, nodes, r["peak_window_ratio"].(float64), 0.2)
+}
+
+// Under the limit nothing is denied by the store-backed modes.
+func TestUnderLimitNoFalseDenials(t *testing.T) {
+	reps, _ := runJSON(t, "-nodes", "3", "-duration", "10s", "-pattern", "under", "-overload", "0.5", "-rules", "100/1s", "-modes", "sync,async:100ms")
+	for _, r := range reps {
+		assert.Equal(t, r["requests"], r["ideal"], r["mode"])
+		assert.Equal(t, 0.0, r["false_deny_pct"], r["mode"])
+	}
+}
+
+// Faster syncs cost more store calls and overshoot less.
+func TestSyncRateTradeoff(t *testing.T) {
+	reps, _ := runJSON(t, "-nodes", "5", "-duration", "10s", "-rules", "100/1s", "-keys", "3", "-modes", "async:10ms,async:1s")
+	fast, slow := reps[0], reps[1]
+	assert.Greater(t, fast["store_calls"].(float64), 10*slow["store_calls"].(float64))
+	assert.Less(t, fast["overshoot_pct"].(float64), slow["overshoot_pct"].(float64))
+	assert.Greater(t, slow["overshoot_pct"].(float64), 0.0)
+}
+
+// During an outage fail-closed nodes deny everything, fail-open ones keep
+// admitting.
+func TestOutage(t *testing.T) {
+	args := []string{"-nodes", "2", "-duration", "10s", "-rules", "100/1s", "-keys", "1", "-modes", "async:100ms", "-outage", "2s+5s"}
+	open, _ := runJSON(t, args...)
+	closed, _ := runJSON(t, append(args, "-fail-closed")...)
+	assert.Greater(t, open[0]["store_failures"].(float64), 0.0)
+	assert.Less(t, closed[0]["admitted"].(float64), open[0]["admitted"].(float64))
+	assert.Greater(t, closed[0]["degraded"].(float64), 0.0)
+}
+
+func TestRunWritesPlot(t *testing.T) {
+	for _, ext := range []string{"svg", "png"} {
+		file := filepath.Join(t.TempDir(), "c."+ext)
+		var out, errb bytes.Buffer
+		code := run([]string{"-duration", "2s", "-nodes", "2", "-rate", "200", "-modes", "local,sync,async:10ms,async:100ms", "-plot", file, "-quiet"}, &out, &errb)
+		require.Equal(t, 0, code, errb.String())
+		st, err := os.Stat(file)
+		require.NoError(t, err)
+		assert.Greater(t, st.Size(), int64(1000))
+		assert.Contains(t, out.String(), "async:100ms")
+	}
+}
+
+func TestPerNode(t *testing.T) {
+	reps, _ := runJSON(t, "-duration", "3s", "-nodes", "3", "-rate", "300", "-pattern", "sticky", "-modes", "async:100ms", "-per-node")
+	nodes := reps[0]["per_node"].([]any)
+	require.Len(t, nodes, 3)
+	first := nodes[0].(map[string]any)
+	last := nodes[2].(map[string]any)
+	sum := first["admitted"].(float64) + first["denied"].(float64)
+	assert.Greater(t, sum, last["admitted"].(float64)+last["denied"].(float64), "sticky: node 0 gets the most traffic")
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-nodes", "0"}, "-nodes is 0, want 1 to 1000"},
+		{[]string{"-nodes", "x"}, "invalid value"},
+		{[]string{"-modes", "async"}, `"async" needs a sync rate`},
+		{[]string{"-modes", "async:0s"}, "not a duration from 1ms to 1h"},
+		{[]string{"-modes", "turbo"}, `"turbo" is not local, sync or async:RATE`},
+		{[]string{"-modes", "sync:10ms"}, "takes no argument"},
+		{[]string{"-rules", "100"}, "is not LIMIT/WINDOW"},
+		{[]string{"-rules", "0/1s"}, "limit \"0\""},
+		{[]string{"-rules", "10/1.5ms"}, "whole number of milliseconds"},
+		{[]string{"-rules", "10/1s,20/1s"}, "two rules have the window 1s"},
+		{[]string{"-rules", "10/1s:odd"}, "not sliding or fixed"},
+		{[]string{"-pattern", "wave"}, `-pattern "wave" is not one of`},
+		{[]string{"-outage", "20s"}, "is not START+LEN"},
+		{[]string{"-outage", "20s+-1s"}, "LEN a duration > 0"},
+		{[]string{"-churn", "10@1s+1s"}, "takes 10 of 10 nodes away"},
+		{[]string{"-churn", "x@1s+1s"}, "K must be a whole number"},
+		{[]string{"-realtime"}, "-realtime needs -redis ADDR"},
+		{[]string{"-realtime", "-redis", "x:1", "-outage", "1s+1s"}, "-outage is not available with -realtime"},
+		{[]string{"-redis", "x:1", "-store-latency", "1ms"}, "-store-latency simulates"},
+		{[]string{"-plot", "chart.jpg"}, "must end in .svg or .png"},
+		{[]string{"-duration", "0s"}, "-duration is 0s"},
+		{[]string{"-zipf", "1"}, "-zipf is 1"},
+		{[]string{"-rate", "-5"}, "-rate is -5"},
+		{[]string{"-prefix", "a:b"}, "-prefix"},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			_, err := parseFlags(tc.args, io.Discard)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+
+			var out, errb bytes.Buffer
+			assert.Equal(t, 2, run(tc.args, &out, &errb))
+			assert.Contains(t, errb.String(), tc.want)
+			assert.Empty(t, out.String())
+		})
+	}
+}
+
+func TestParseDefaults(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 10, o.Nodes)
+	assert.Equal(t, 20000.0, o.Rate)
+	assert.Equal(t, []hybridlimit.Rule{{Limit: 1000, Window: time.Second}}, o.Rules)
+	assert.Equal(t, []modeSpec{{Mode: hybridlimit.ModeLocal}, {Mode: hybridlimit.ModeSynchronous}, {Mode: hybridlimit.ModeAsync, SyncRate: 10 * time.Millisecond}, {Mode: hybridlimit.ModeAsync, SyncRate: 100 * time.Millisecond}, {Mode: hybridlimit.ModeAsync, SyncRate: time.Second}}, o.Modes)
+	o, err = parseFlags([]string{"-pattern", "zipf"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 1000, o.Keys)
+	assert.Equal(t, 0, run([]string{"-h"}, io.Discard, io.Discard))
+}
+
+func TestReference(t *testing.T) {
+	o := &options{Keys: 1, Rules: []hybridlimit.Rule{{Limit: 10, Window: time.Second}}}
+	ref := newReference(o)
+	s := int64(1000 * time.Second)
+	for i := range 10 {
+		require.True(t, ref.allow(0, s+int64(i)), "step %d", i)
+	}
+	require.False(t, ref.allow(0, s+10))
+	// Next window, half way: 10·0.5 = 5 left.
+	half := s + int64(1500*time.Millisecond)
+	for i := range 5 {
+		require.True(t, ref.allow(0, half+int64(i)), "step %d", i)
+	}
+	require.False(t, ref.allow(0, half+10))
+	// Sliding log: 10 at s, 5 at s+1.5s: at most 10 in any 1s; 15 if the
+	// second batch came within 1s.
+	assert.Equal(t, 1.0, peakRatio([][]int64{{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1500, 1500, 1500, 1500, 1500}}, &options{Rules: []hybridlimit.Rule{{Limit: 10, Window: 1000}}}))
+	assert.Equal(t, 1.5, peakRatio([][]int64{{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 999, 999, 999, 999, 999}}, &options{Rules: []hybridlimit.Rule{{Limit: 10, Window: 1000}}}))
+}
+
+func TestRedisVirtual(t *testing.T) {
+	addr := redistest.Addr(t)
+	redistest.Client(t)
+	reps, _ := runJSON(t, "-redis", addr, "-prefix", redistest.Prefix(t), "-nodes", "3", "-duration", "3s", "-rate", "600", "-rules", "50/1s", "-keys", "2", "-modes", "sync,async:100ms")
+	require.Len(t, reps, 2)
+	assert.Equal(t, "redis", reps[0]["store"])
+	assert.Equal(t, reps[0]["ideal"], reps[0]["admitted"], "synchronous against Redis is exact here")
+	assert.Greater(t, reps[1]["store_calls"].(float64), 0.0)
+}
+
+func TestRedisRealtime(t *testing.T) {
+	addr := redistest.Addr(t)
+	redistest.Client(t)
+	reps, _ := runJSON(t, "-redis", addr, "-realtime", "-prefix", redistest.Prefix(t), "-nodes", "2", "-duration", "1s", "-rate", "400", "-rules", "50/1s", "-keys", "1", "-modes", "sync,async:50ms")
+	require.Len(t, reps, 2)
+	for _, r := range reps {
+		assert.Equal(t, "real", r["time"])
+		assert.Greater(t, r["requests"].(float64), 300.0)
+		// A sliding window of 50/s over about 1s admits at most about
+		// twice the limit, whatever the timing.
+		assert.LessOrEqual(t, r["admitted"].(float64), 150.0, r["mode"])
+		assert.Greater(t, r["store_calls"].(float64), 0.0)
+	}
+}
