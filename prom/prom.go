@@ -1,0 +1,182 @@
+// Package prom exposes a hybridlimit.Limiter's statistics to Prometheus: a
+// prometheus.Collector that reads Limiter.Stats on every scrape (decisions,
+// keys, evictions, pending increments, sync cycles and errors, store state)
+// and a histogram of sync round-trip latencies fed by Config.OnSync.
+//
+// It lives in a module of its own (github.com/hybridlimit/hybridlimit/prom)
+// so that the limiter's module does not depend on client_golang.
+//
+// Wiring, by hand:
+//
+//	c := prom.NewCollector(prom.Options{})
+//	cfg.OnSync = c.ObserveSync
+//	l, err := hybridlimit.New(cfg)
+//	c.SetLimiter(l)
+//	prometheus.MustRegister(c)
+//
+// or in one call with NewLimiter.
+package prom
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hybridlimit/hybridlimit"
+)
+
+// DefaultBuckets are the sync latency histogram's buckets, in seconds:
+// 100µs to 2.5s, for round trips to a Redis on the same host (≈ 0.1–1 ms)
+// up to a slow or failing one (bounded by Config.StoreTimeout).
+var DefaultBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}
+
+// Options configures a Collector. The zero value names the metrics
+// hybridlimit_* with the default buckets and no constant labels.
+type Options struct {
+	// Namespace prefixes every metric name; default "hybridlimit".
+	Namespace string
+	// ConstLabels are added to every metric: set one (for example
+	// limiter="api") to register collectors of several limiters in one
+	// registry.
+	ConstLabels prometheus.Labels
+	// Buckets are the sync latency histogram's upper bounds in seconds;
+	// nil means DefaultBuckets.
+	Buckets []float64
+}
+
+// Collector is a prometheus.Collector for one Limiter. Create one with
+// NewCollector; the zero value is not usable. It is safe for concurrent
+// use: ObserveSync runs on the limiter's sync loop while scrapes call
+// Collect.
+type Collector struct {
+	l       atomic.Pointer[hybridlimit.Limiter]
+	latency *prometheus.HistogramVec
+	ok, bad prometheus.Observer
+
+	decisions, degraded, overflow, keys, evicted, pending, dropped *prometheus.Desc
+	cycles, errors, calls, pushed, lastLatency, failing, offset    *prometheus.Desc
+}
+
+// NewCollector returns a collector without a limiter: wire its ObserveSync
+// into Config.OnSync, create the limiter, then call SetLimiter. Until
+// then it exports the histogram only. It panics on invalid Options, like
+// prometheus.NewHistogramVec.
+func NewCollector(opts Options) *Collector {
+	ns := opts.Namespace
+	if ns == "" {
+		ns = "hybridlimit"
+	}
+	buckets := opts.Buckets
+	if buckets == nil {
+		buckets = DefaultBuckets
+	}
+	c := &Collector{
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace:   ns,
+			Name:        "sync_duration_seconds",
+			Help:        "Round-trip time of sync cycles to the store, by result (ok or error).",
+			Buckets:     buckets,
+			ConstLabels: opts.ConstLabels,
+		}, []string{"result"}),
+	}
+	c.ok = c.latency.WithLabelValues("ok")
+	c.bad = c.latency.WithLabelValues("error")
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(ns, "", name), help, labels, opts.ConstLabels)
+	}
+	c.decisions = d("decisions_total", "Decisions made (Peek excluded), by decision (allowed or denied).", "decision")
+	c.degraded = d("degraded_decisions_total", "Decisions made by the failure policy because the store failed.")
+	c.overflow = d("overflow_decisions_total", "Decisions on new keys while the key table was full (MaxKeys).")
+	c.keys = d("keys", "Keys tracked in the local table.")
+	c.evicted = d("evicted_keys_total", "Keys removed from the local table after being idle.")
+	c.pending = d("pending_increments", "Increments admitted locally and not yet acknowledged by the store.")
+	c.dropped = d("dropped_increments_total", "Increments discarded unpushed because their window was over.")
+	c.cycles = d("sync_cycles_total", "Sync cycles that reached out to the store, successful or not.")
+	c.errors = d("store_errors_total", "Failed store calls: sync cycles, clock reads and synchronous decisions.")
+	c.calls = d("store_calls_total", "Round trips to the store: sync cycles, clock reads and batches of synchronous decisions.")
+	c.pushed = d("sync_ops_total", "Counter operations sent to the store by sync cycles.")
+	c.lastLatency = d("last_sync_duration_seconds", "Round-trip time of the last successful sync cycle.")
+	c.failing = d("store_failing", "1 when the last store call failed, 0 otherwise.")
+	c.offset = d("clock_offset_seconds", "The store's clock minus this node's clock, as last measured.")
+	return c
+}
+
+// SetLimiter sets the limiter whose Stats the collector exports.
+func (c *Collector) SetLimiter(l *hybridlimit.Limiter) { c.l.Store(l) }
+
+// ObserveSync records one sync cycle in the latency histogram. Its
+// signature is Config.OnSync's: assign it there. It does not block.
+func (c *Collector) ObserveSync(latency time.Duration, ops int, err error) {
+	if err != nil {
+		c.bad.Observe(latency.Seconds())
+		return
+	}
+	c.ok.Observe(latency.Seconds())
+}
+
+// NewLimiter creates a limiter from cfg with a collector wired in: the
+// collector's ObserveSync is chained after any cfg.OnSync. Register the
+// collector with a prometheus.Registerer.
+func NewLimiter(cfg hybridlimit.Config, opts Options) (*hybridlimit.Limiter, *Collector, error) {
+	c := NewCollector(opts)
+	if prev := cfg.OnSync; prev != nil {
+		cfg.OnSync = func(latency time.Duration, ops int, err error) {
+			prev(latency, ops, err)
+			c.ObserveSync(latency, ops, err)
+		}
+	} else {
+		cfg.OnSync = c.ObserveSync
+	}
+	l, err := hybridlimit.New(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("prom: %w", err)
+	}
+	c.SetLimiter(l)
+	return l, c, nil
+}
+
+// Describe sends the descriptors of every metric the collector exports.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.decisions, c.degraded, c.overflow, c.keys, c.evicted, c.pending, c.dropped,
+		c.cycles, c.errors, c.calls, c.pushed, c.lastLatency, c.failing, c.offset} {
+		ch <- d
+	}
+	c.latency.Describe(ch)
+}
+
+// Collect reads the limiter's Stats once and sends every metric.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.latency.Collect(ch)
+	l := c.l.Load()
+	if l == nil {
+		return
+	}
+	s := l.Stats()
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	counter(c.decisions, s.Allowed, "allowed")
+	counter(c.decisions, s.Denied, "denied")
+	counter(c.degraded, s.Degraded)
+	counter(c.overflow, s.Overflow)
+	gauge(c.keys, float64(s.Keys))
+	counter(c.evicted, s.Evicted)
+	gauge(c.pending, float64(s.Pending))
+	counter(c.dropped, s.Dropped)
+	counter(c.cycles, s.SyncCycles)
+	counter(c.errors, s.SyncErrors)
+	counter(c.calls, s.StoreCalls)
+	counter(c.pushed, s.KeysPushed)
+	gauge(c.lastLatency, s.LastSyncLatency.Seconds())
+	failing := 0.0
+	if s.StoreFailing {
+		failing = 1
+	}
+	gauge(c.failing, failing)
+	gauge(c.offset, s.ClockOffset.Seconds())
+}
