@@ -124,7 +124,7 @@ func newServer(c config, log *slog.Logger) (*hybridlimit.Limiter, http.Handler, 
 		}
 	}
 	mw, err := httplimit.New(l, key, httplimit.Options{
-		Shadow:      c.shadow,
+		Shadow: c.shadow,
 		OnDenied: func(r *http.Request, key string, res hybridlimit.Result) {
 			log.Debug("denied", "key", key, "path", r.URL.Path, "retry_after", res.RetryAfter, "shadow", c.shadow)
 		},
