@@ -109,6 +109,12 @@ func overshootPlot(o *options, reports []*report) (*plot.Plot, error) {
 		p.Add(hl)
 		p.Legend.Add(fmt.Sprintf("%s (%+.1f%%)", r.label, r.OvershootPct), hl)
 	}
+	// Room above the data for the legend.
+	top := 0.0
+	for _, r := range reports {
+		top = max(top, r.OvershootPct)
+	}
+	p.Y.Max = max(top*1.3, 1)
 	return p, nil
 }
 
@@ -174,6 +180,13 @@ func seriesPlot(o *options, reports []*report) (*plot.Plot, error) {
 	ll.Dashes = []vg.Length{vg.Points(1), vg.Points(2)}
 	p.Add(ll)
 	p.Legend.Add(fmt.Sprintf("limit × keys (%.0f/s)", limit), ll)
+	top := limit
+	for _, r := range reports {
+		for _, v := range r.series {
+			top = max(top, float64(v)/per)
+		}
+	}
+	p.Y.Min, p.Y.Max = 0, top*1.45
 	return p, nil
 }
 

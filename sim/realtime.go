@@ -41,11 +41,6 @@ func runRealtime(o *options, rdb *redis.Client, stderr io.Writer) ([]*report, er
 	return out, nil
 }
 
-type rtDecision struct {
-	key int
-	at  int64 // ns from the start
-}
-
 func realtimeConfig(o *options, m modeSpec, st store.Store, pfx string) (*report, error) {
 	ctx := context.Background()
 	counting := &simStore{inner: st}

@@ -92,7 +92,6 @@ type driver struct {
 	rr    int
 	ev    events
 	seq   uint64
-	err   error
 }
 
 func (d *driver) push(at int64, kind, node int) {
