@@ -294,14 +294,14 @@ func printReport(w io.Writer, res []*result, cpu string, took time.Duration, ben
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "Ratio: the implementation's ns/op divided by hybridlimit's in the same row group (above 1: hybridlimit is faster). Peers enforce three rules by chaining one limiter per rule.")
 		fmt.Fprintln(w)
-		table(w, res, "Local", []string{"hybridlimit-local", "hybridlimit-async"}, nil)
+		table(w, res, "Local", []string{"hybridlimit-local", "hybridlimit-async"}, []string{"denied/op"})
 	}
 	if families["Distributed"] {
 		fmt.Fprintln(w, "### Distributed decisions (one Redis, 1000 keys, one rule)")
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "ns/op is wall time per decision with all goroutines deciding at once (decisions/s = 10⁹ ÷ ns/op). hybridlimit-async decides locally; its sync loop's load on Redis is redis-cmds/op and round-trips/op.")
 		fmt.Fprintln(w)
-		table(w, res, "Distributed", []string{"hybridlimit-async", "hybridlimit-sync"}, []string{"redis-cmds/op", "round-trips/op"})
+		table(w, res, "Distributed", []string{"hybridlimit-async", "hybridlimit-sync"}, []string{"denied/op", "redis-cmds/op", "round-trips/op"})
 	}
 	if families["Sync"] {
 		fmt.Fprintln(w, "### Sync throughput (one node, one rule, every key touched since the last cycle)")
