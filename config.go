@@ -216,9 +216,9 @@ type Config struct {
 	// default 10s.
 	LogEvery time.Duration
 
-	// Manual starts no background goroutine: the caller runs Sync (push,
-	// pull and clock offset) and Evict itself. For tests and simulations
-	// that drive time by hand.
+	// Manual starts no background sync loop: the caller runs Sync (push and
+	// pull), SyncClock and Evict itself. For tests and simulations that
+	// drive time by hand. (The coarse clock of ClockResolution still ticks.)
 	Manual bool
 }
 

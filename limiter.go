@@ -143,12 +143,12 @@ func New(cfg Config) (*Limiter, error) {
 		l.batch = &batcher{store: cfg.Store, timeout: cfg.StoreTimeout}
 	}
 	l.coarse.Store(l.clock.Now().UnixNano())
-	if cfg.Manual {
-		return l, nil
-	}
 	if !l.exact {
 		l.wg.Add(1)
 		go l.tick(cfg.ClockResolution)
+	}
+	if cfg.Manual {
+		return l, nil
 	}
 	clockSync := cfg.ClockSync
 	if !l.syncing {
@@ -313,8 +313,7 @@ func (l *Limiter) decideLocal(e *local.Entry, n, now int64, peek bool) (Result, 
 	res := Result{Allowed: true, Rule: -1, Remaining: math.MaxInt64}
 	for i := range l.rules {
 		r, c := &l.rules[i], &e.C[i]
-		id, el := windowOf(now, r.w)
-		var prev, cur int64
+		var prev, cur, el int64
 		var est float64
 		admit := false
 		for {
@@ -324,12 +323,14 @@ func (l *Limiter) decideLocal(e *local.Entry, n, now int64, peek bool) (Result, 
 				continue
 			}
 			win := c.Window()
-			if win < id {
-				l.table.AddDropped(e.Roll(i, id, now+l.readPrev, l.syncing))
-				continue
-			}
-			if win > id { // another decision already moved on: its window has begun
-				el = 0
+			// Most decisions fall in the counter's window: no division.
+			if el = now - win*r.w; el < 0 || el >= r.w {
+				id, _ := windowOf(now, r.w)
+				if win < id {
+					l.table.AddDropped(e.Roll(i, id, now+l.readPrev, l.syncing))
+					continue
+				}
+				el = 0 // another decision already moved on: its window has begun
 			}
 			prev, cur = c.Prev(), c.Synced()+w.Count()
 			est = r.estimate(prev, cur, el)

@@ -24,6 +24,7 @@ type rule struct {
 	limit  int64
 	limitF float64
 	w      int64 // window, ns
+	invW   float64
 	wms    int64 // window, ms
 	fixed  bool
 	window time.Duration
@@ -34,6 +35,7 @@ func compileRule(r Rule) rule {
 		limit:  r.Limit,
 		limitF: float64(r.Limit),
 		w:      int64(r.Window),
+		invW:   1 / float64(r.Window),
 		wms:    r.Window.Milliseconds(),
 		fixed:  r.Type == Fixed,
 		window: r.Window,
@@ -62,7 +64,7 @@ func (r *rule) estimate(prev, cur, elapsed int64) float64 {
 	if r.fixed || prev == 0 {
 		return float64(cur)
 	}
-	return float64(prev)*weight(elapsed, r.w) + float64(cur)
+	return float64(prev)*float64(r.w-elapsed)*r.invW + float64(cur)
 }
 
 // admits reports whether a request of cost n fits under the rule when the
@@ -74,11 +76,11 @@ func (r *rule) admits(est float64, n int64) bool {
 // remaining returns the whole requests of cost 1 still admitted when the
 // estimate is est.
 func (r *rule) remaining(est float64) int64 {
-	left := math.Floor(r.limitF - est + store.Epsilon)
+	left := r.limitF - est + store.Epsilon
 	if left < 0 {
 		return 0
 	}
-	return int64(left)
+	return int64(left) // truncation is the floor of a non-negative value
 }
 
 // retryAfter returns how long from elapsed into the current window until a

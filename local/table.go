@@ -14,6 +14,7 @@
 package local
 
 import (
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 
@@ -38,13 +39,22 @@ type Table struct {
 	goneDenied atomic.Uint64
 }
 
+// keySeed randomizes key hashes per process.
+var keySeed = maphash.MakeSeed()
+
+// hashKey hashes a key for the table with the runtime's AES-based string
+// hash (xsync's default hasher goes through the slower generic typehash).
+func hashKey(key string, seed uint64) uint64 {
+	return maphash.String(keySeed, key) ^ seed
+}
+
 // NewTable returns a table for rules with the given window sizes (ns),
 // holding at most maxKeys entries. With syncing set, the table keeps what
 // the sync loop needs: the touched queue and the increments of the previous
 // window that are still to be pushed.
 func NewTable(windows []int64, maxKeys int, syncing bool) *Table {
 	t := &Table{
-		m:       xsync.NewMapOf[string, *Entry](),
+		m:       xsync.NewMapOfWithHasher[string, *Entry](hashKey),
 		windows: append([]int64(nil), windows...),
 		maxKeys: maxKeys,
 		syncing: syncing,

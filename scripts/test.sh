@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STATICCHECK=honnef.co/go/tools/cmd/staticcheck@2025.1.1
+STATICCHECK=honnef.co/go/tools/cmd/staticcheck@v0.6.1 # release 2025.1.1
 
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "== installing redis-server from Debian's packages"

@@ -1,0 +1,135 @@
+package hybridlimit_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v3"
+
+	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// Decision benchmarks. Run with -cpu 1,2 for one and two goroutines: each
+// goroutine of RunParallel works on its own share of the keys.
+//
+//	go test -run '^$' -bench . -benchmem -cpu 1,2 .
+
+var benchRules = map[int][]hybridlimit.Rule{
+	1: {{Limit: 1 << 40, Window: time.Minute}},
+	4: {
+		{Limit: 1 << 40, Window: time.Second},
+		{Limit: 1 << 40, Window: time.Minute},
+		{Limit: 1 << 40, Window: time.Hour},
+		{Limit: 1 << 40, Window: 24 * time.Hour, Type: hybridlimit.Fixed},
+	},
+}
+
+func benchKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("client-%d", i)
+	}
+	return keys
+}
+
+func BenchmarkAllow(b *testing.B) {
+	for _, mode := range []hybridlimit.Mode{hybridlimit.ModeLocal, hybridlimit.ModeAsync} {
+		for _, nkeys := range []int{1, 10_000, 1_000_000} {
+			for _, nrules := range []int{1, 4} {
+				name := fmt.Sprintf("mode=%v/keys=%d/rules=%d", mode, nkeys, nrules)
+				b.Run(name, func(b *testing.B) {
+					cfg := hybridlimit.Config{Rules: benchRules[nrules], Mode: mode, MaxKeys: 2 * nkeys}
+					if mode == hybridlimit.ModeAsync {
+						// The sync loop's own cost is BenchmarkSyncCycle's:
+						// here only decisions run.
+						cfg.Store, cfg.Manual = store.NewMemory(nil), true
+					}
+					l, err := hybridlimit.New(cfg)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer func() {
+						b.StopTimer() // Close flushes the async table: not a decision
+						_ = l.Close(context.Background())
+					}()
+					keys := benchKeys(nkeys)
+					ctx := context.Background()
+					for _, k := range keys { // warm: every key tracked
+						if _, err := l.Allow(ctx, k); err != nil {
+							b.Fatal(err)
+						}
+					}
+					var gid atomic.Int64
+					b.ReportAllocs()
+					b.ResetTimer()
+					b.RunParallel(func(pb *testing.PB) {
+						// Goroutine g takes keys g, g+P, g+2P... (distinct keys
+						// unless there is only one).
+						g := int(gid.Add(1) - 1)
+						i := g
+						for pb.Next() {
+							res, err := l.Allow(ctx, keys[i%nkeys])
+							if err != nil || !res.Allowed {
+								b.Fatal(err, res)
+							}
+							i += 2
+						}
+					})
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkSyncCycle times one sync cycle of 100k touched keys (push and
+// pull) against the test redis-server.
+func BenchmarkSyncCycle(b *testing.B) {
+	c := redistest.Client(b)
+	const nkeys = 100_000
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules:        benchRules[1],
+		Mode:         hybridlimit.ModeAsync,
+		Store:        store.NewRedis(c),
+		Prefix:       redistest.Prefix(b),
+		Manual:       true,
+		StoreTimeout: 10 * time.Second,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	keys := benchKeys(nkeys)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		b.StopTimer()
+		for _, k := range keys {
+			if _, err := l.Allow(ctx, k); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		if err := l.Sync(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(nkeys)*float64(b.N)/b.Elapsed().Seconds(), "keys/s")
+}
+
+// BenchmarkFloor is the floor the guide measured: an xsync map load and one
+// atomic add, no limiter logic. Compare BenchmarkAllow with it in one run.
+func BenchmarkFloor(b *testing.B) {
+	m := xsync.NewMapOf[string, *atomic.Int64]()
+	m.Store("client-0", new(atomic.Int64))
+	b.ReportAllocs()
+	for b.Loop() {
+		v, _ := m.Load("client-0")
+		v.Add(1)
+	}
+}
