@@ -510,7 +510,6 @@ func (l *Limiter) decideStore(ctx context.Context, key string, n int64, peek boo
 		l.overflow.Add(1)
 		e = l.table.Scratch(key, now)
 	}
-	base := e.StoreBase(func(k string) string { return store.KeyBase(l.cfg.Prefix, k) })
 	c := getCall(len(l.rules))
 	defer putCall(c)
 	req := &c.req
@@ -520,8 +519,7 @@ func (l *Limiter) decideStore(ctx context.Context, key string, n int64, peek boo
 		r := &l.rules[i]
 		id, _ := windowOf(now, r.w)
 		ids[i] = id
-		req.Keys[2*i] = store.CounterKey(base, r.wms, id)
-		req.Keys[2*i+1] = store.CounterKey(base, r.wms, id-1)
+		req.Keys[2*i], req.Keys[2*i+1] = e.StoreKeys(i, id, l.keyBase, r.counterKey)
 		req.ExpireAt[i] = store.ExpireAt(r.wms, id)
 	}
 	err := l.batch.do(c)
@@ -567,6 +565,9 @@ func (l *Limiter) decideStore(ctx context.Context, key string, n int64, peek boo
 	}
 	return l.summarize(&v, n, req.Allowed), nil
 }
+
+// keyBase returns the store key prefix of a user key.
+func (l *Limiter) keyBase(key string) string { return store.KeyBase(l.cfg.Prefix, key) }
 
 // Sync runs one sync cycle now: it pushes the pending increments of the
 // keys touched since the last cycle and pulls their cluster totals. The

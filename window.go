@@ -42,6 +42,12 @@ func compileRule(r Rule) rule {
 	}
 }
 
+// counterKey returns the store key of the rule's window id for a user key
+// whose key prefix is base.
+func (r *rule) counterKey(base string, id int64) string {
+	return store.CounterKey(base, r.wms, id)
+}
+
 // windowOf returns the id of the window of size w holding now, and how far
 // into it now is.
 func windowOf(now, w int64) (id, elapsed int64) {

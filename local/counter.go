@@ -105,7 +105,8 @@ type Entry struct {
 	queued   atomic.Bool  // in the table's touched queue
 	allowed  atomic.Uint64
 	denied   atomic.Uint64
-	base     string // store key prefix of this user key, built by the sync loop (guarded by mu)
+	base     string      // store key prefix of this user key (guarded by mu)
+	keys     []storeKeys // store keys of the synchronous mode's windows (guarded by mu)
 
 	// C holds one Counter per rule, in rule order.
 	C []Counter

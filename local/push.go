@@ -128,6 +128,35 @@ func (e *Entry) StoreBase(build func(key string) string) string {
 	return e.base
 }
 
+// StoreKeys returns the store keys of counter i's windows win and win-1,
+// cached on e until the window changes; base builds e's key prefix and key
+// one window's key from it.
+func (e *Entry) StoreKeys(i int, win int64, base func(key string) string, key func(base string, win int64) string) (cur, prev string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.base == "" {
+		e.base = base(e.Key)
+	}
+	if e.keys == nil {
+		e.keys = make([]storeKeys, len(e.C))
+	}
+	k := &e.keys[i]
+	if k.cur == "" || k.win != win {
+		if k.cur != "" && k.win == win-1 {
+			k.prev = k.cur
+		} else {
+			k.prev = key(e.base, win-1)
+		}
+		k.cur, k.win = key(e.base, win), win
+	}
+	return k.cur, k.prev
+}
+
+type storeKeys struct {
+	win       int64
+	cur, prev string
+}
+
 // Observe records the store's counts for counter i after a decision made in
 // the store (the synchronous mode): cur for window win, prev for win-1. The
 // local view then serves decisions while the store fails.
