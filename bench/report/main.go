@@ -266,6 +266,8 @@ func num(v float64) string {
 		return strconv.FormatFloat(v, 'f', 0, 64)
 	case v >= 10:
 		return strconv.FormatFloat(v, 'f', 1, 64)
+	case v > 0 && v < 0.01:
+		return strconv.FormatFloat(v, 'g', 2, 64)
 	}
 	return strconv.FormatFloat(v, 'f', 2, 64)
 }
