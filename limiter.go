@@ -227,8 +227,12 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 		if e == nil {
 			return l.untracked(key, n, now), nil
 		}
-		if res, ok := l.decideLocal(e, n, now, false); ok {
-			return res, nil
+		switch best, rem, reset, st := l.decideLocal(e, n, now, false); st {
+		case admitted:
+			r := &l.rules[best]
+			return Result{Allowed: true, Rule: best, Limit: r.limit, Window: r.window, Remaining: rem, ResetAfter: reset}, nil
+		case denied:
+			return l.deniedResult(e, n, now), nil
 		}
 	}
 }
@@ -253,7 +257,7 @@ func (l *Limiter) PeekN(ctx context.Context, key string, n int64) (Result, error
 	if !ok {
 		e = l.table.Scratch(key, now)
 	}
-	res, _ := l.decideLocal(e, n, now, true)
+	res, _ := l.decide(e, n, now, true)
 	return res, nil
 }
 
@@ -305,12 +309,23 @@ func (l *Limiter) check(key string, n int64, op string) error {
 	return nil
 }
 
-// decideLocal decides a request of cost n on entry e at now. It reports
-// false when the entry was evicted under it: the caller retries with a
-// fresh entry.
-func (l *Limiter) decideLocal(e *local.Entry, n, now int64, peek bool) (Result, bool) {
-	var words [MaxRules]local.Word
-	res := Result{Allowed: true, Rule: -1, Remaining: math.MaxInt64}
+// status is how decideLocal ended.
+type status uint8
+
+const (
+	admitted status = iota // the request fits every rule (and, unless peeking, was counted)
+	denied                 // a rule denies it; nothing is left reserved
+	evicted                // the entry was evicted under the decision: retry with a fresh one
+)
+
+// decideLocal decides a request of cost n on entry e at now. When it
+// admits, it returns the tightest rule, its remaining quota and its reset.
+// The caller builds the Result: returning scalars rather than a Result
+// spares a whole-struct copy (which stalls on store forwarding) on the
+// hot path.
+func (l *Limiter) decideLocal(e *local.Entry, n, now int64, peek bool) (best int, bestRem int64, bestReset time.Duration, st status) {
+	var words [4]local.Word // reservations to undo, for the first 4 rules
+	best, bestRem = -1, math.MaxInt64
 	for i := range l.rules {
 		r, c := &l.rules[i], &e.C[i]
 		var prev, cur, el int64
@@ -339,57 +354,91 @@ func (l *Limiter) decideLocal(e *local.Entry, n, now int64, peek bool) (Result, 
 				break
 			}
 			if c.CompareAndAdd(w, n) {
-				words[i] = w
+				if i < len(words) {
+					words[i] = w
+				}
 				est += float64(n)
 				cur += n
 				break
 			}
 		}
 		if !admit {
-			return l.deny(e, i, &words, n, now, peek), true
+			if !peek {
+				l.release(e, i, &words, n, now)
+			}
+			return -1, 0, 0, denied
 		}
-		if rem := r.remaining(est); rem < res.Remaining {
-			res.Remaining, res.Limit, res.Rule, res.Window = rem, r.limit, i, r.window
-			res.ResetAfter = r.resetAfter(prev, cur, el)
+		if rem := r.remaining(est); rem < bestRem {
+			best, bestRem = i, rem
+			bestReset = r.resetAfter(prev, cur, el)
 		}
 	}
-	if peek {
-		return res, true
-	}
-	if e.Dead() {
-		for i := range l.rules {
-			e.Undo(i, words[i], n)
-		}
-		return Result{}, false
-	}
-	e.Seen(now)
-	e.Count(true)
-	if l.syncing {
-		l.table.Touch(e)
-	}
-	return res, true
-}
-
-// deny finishes a decision that rule denied after rules [0, denied) were
-// reserved: it undoes them, or with CountDenied charges the remaining rules
-// too, and returns the result.
-func (l *Limiter) deny(e *local.Entry, denied int, words *[MaxRules]local.Word, n, now int64, peek bool) Result {
 	if !peek {
-		if l.cfg.CountDenied {
-			for i := denied; i < len(l.rules); i++ {
-				l.charge(e, i, n, now)
+		if e.Dead() {
+			for i := range l.rules {
+				l.undo(e, i, &words, n)
 			}
-			if l.syncing {
-				l.table.Touch(e)
-			}
-		} else {
-			for i := range denied {
-				e.Undo(i, words[i], n)
-			}
+			return -1, 0, 0, evicted
 		}
 		e.Seen(now)
-		e.Count(false)
+		e.Count(true)
+		if l.syncing {
+			l.table.Touch(e)
+		}
 	}
+	return best, bestRem, bestReset, admitted
+}
+
+// undo takes back the n that rule i reserved on e.
+func (l *Limiter) undo(e *local.Entry, i int, words *[4]local.Word, n int64) {
+	w := local.Word(0)
+	if i < len(words) {
+		w = words[i]
+	} else {
+		w = e.C[i].Load() // beyond the first rules: assume no rollover since
+	}
+	e.Undo(i, w, n)
+}
+
+// release finishes a decision that rule denied after rules [0, denied)
+// were reserved: it undoes them, or with CountDenied charges the
+// remaining rules too.
+func (l *Limiter) release(e *local.Entry, denied int, words *[4]local.Word, n, now int64) {
+	if l.cfg.CountDenied {
+		for i := denied; i < len(l.rules); i++ {
+			l.charge(e, i, n, now)
+		}
+	} else {
+		for i := range denied {
+			l.undo(e, i, words, n)
+		}
+	}
+	e.Seen(now)
+	e.Count(false)
+	if l.syncing {
+		// A node that only denies still needs the cluster's counts of the
+		// key, to learn when others' admissions slide out.
+		l.table.Touch(e)
+	}
+}
+
+// decide runs decideLocal and builds the Result, for the callers off the
+// hot path. It reports false when the entry was evicted under it.
+func (l *Limiter) decide(e *local.Entry, n, now int64, peek bool) (Result, bool) {
+	best, rem, reset, st := l.decideLocal(e, n, now, peek)
+	switch st {
+	case admitted:
+		r := &l.rules[best]
+		return Result{Allowed: true, Rule: best, Limit: r.limit, Window: r.window, Remaining: rem, ResetAfter: reset}, true
+	case denied:
+		return l.deniedResult(e, n, now), true
+	}
+	return Result{}, false
+}
+
+// deniedResult describes a denied request of cost n on e at now: the
+// reported rule is the one that needs the longest wait.
+func (l *Limiter) deniedResult(e *local.Entry, n, now int64) Result {
 	var v views
 	for i := range l.rules {
 		v[i] = l.view(e, i, now)
@@ -533,7 +582,7 @@ func (l *Limiter) decideStore(ctx context.Context, key string, n int64, peek boo
 			return l.failClosed(key, now), nil
 		}
 		for {
-			res, ok := l.decideLocal(e, n, now, peek)
+			res, ok := l.decide(e, n, now, peek)
 			if ok {
 				res.Degraded = true
 				return res, nil
