@@ -33,6 +33,12 @@ var (
 	ErrClosed = errors.New("hybridlimit: limiter is closed")
 	// ErrEmptyKey is returned for an empty key.
 	ErrEmptyKey = errors.New("hybridlimit: empty key")
+	// ErrKeyTooLong is wrapped by the error returned for a key longer than
+	// Config.MaxKeyLen.
+	ErrKeyTooLong = errors.New("hybridlimit: key too long")
+	// ErrCost is wrapped by the error returned for a cost below 1 or above
+	// the smallest limit.
+	ErrCost = errors.New("hybridlimit: invalid cost")
 )
 
 // Result is the outcome of one decision. Limit, Remaining and ResetAfter
@@ -198,6 +204,9 @@ func (l *Limiter) Rules() []Rule { return append([]Rule(nil), l.cfg.Rules...) }
 // Mode returns the limiter's mode.
 func (l *Limiter) Mode() Mode { return l.cfg.Mode }
 
+// FailurePolicy returns the limiter's failure policy.
+func (l *Limiter) FailurePolicy() FailurePolicy { return l.cfg.FailurePolicy }
+
 // Allow is AllowN(ctx, key, 1).
 func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 	return l.AllowN(ctx, key, 1)
@@ -300,11 +309,11 @@ func (l *Limiter) check(key string, n int64, op string) error {
 	case len(key) == 0:
 		return ErrEmptyKey
 	case len(key) > l.cfg.MaxKeyLen:
-		return fmt.Errorf("hybridlimit: key of %d bytes exceeds Config.MaxKeyLen %d", len(key), l.cfg.MaxKeyLen)
+		return &inputError{fmt.Sprintf("hybridlimit: key of %d bytes exceeds Config.MaxKeyLen %d", len(key), l.cfg.MaxKeyLen), ErrKeyTooLong}
 	case n < 1:
-		return fmt.Errorf("hybridlimit: %s(n=%d): cost must be at least 1", op, n)
+		return &inputError{fmt.Sprintf("hybridlimit: %s(n=%d): cost must be at least 1", op, n), ErrCost}
 	case n > l.minLimit:
-		return fmt.Errorf("hybridlimit: %s(n=%d) exceeds Config.Rules[%d].Limit %d: it can never be admitted", op, n, l.minRule, l.minLimit)
+		return &inputError{fmt.Sprintf("hybridlimit: %s(n=%d) exceeds Config.Rules[%d].Limit %d: it can never be admitted", op, n, l.minRule, l.minLimit), ErrCost}
 	}
 	return nil
 }
@@ -317,6 +326,15 @@ const (
 	denied                 // a rule denies it; nothing is left reserved
 	evicted                // the entry was evicted under the decision: retry with a fresh one
 )
+
+// inputError is an error about the caller's input, wrapping a sentinel.
+type inputError struct {
+	msg  string
+	kind error
+}
+
+func (e *inputError) Error() string { return e.msg }
+func (e *inputError) Unwrap() error { return e.kind }
 
 // decideLocal decides a request of cost n on entry e at now. When it
 // admits, it returns the tightest rule, its remaining quota and its reset.
@@ -562,7 +580,7 @@ func (l *Limiter) decideStore(ctx context.Context, key string, n int64, peek boo
 	c := getCall(len(l.rules))
 	defer putCall(c)
 	req := &c.req
-	req.Rules, req.NowMs, req.Cost, req.Peek, req.CountDenied = l.take, now/int64(time.Millisecond), n, peek, l.cfg.CountDenied
+	req.Rules, req.NowUs, req.Cost, req.Peek, req.CountDenied = l.take, now/int64(time.Microsecond), n, peek, l.cfg.CountDenied
 	ids := c.ids[:len(l.rules)]
 	for i := range l.rules {
 		r := &l.rules[i]

@@ -61,12 +61,10 @@ func TestOneNodeSynchronousIsExact(t *testing.T) {
 			r := reps[0]
 			assert.Equal(t, r["ideal"], r["admitted"])
 			assert.Equal(t, 0.0, r["overshoot_pct"])
-			// The store decides on whole milliseconds (TakeRequest.NowMs),
-			// the reference on nanoseconds: the store's previous-window
-			// weight is up to 1ms larger, so a few requests at the edge go
-			// the other way (the same number each way). With the
-			// reference truncated to milliseconds this is exactly 0.
-			assert.Less(t, r["false_deny_pct"], 2.0)
+			// The store decides on microseconds (TakeRequest.NowUs), the
+			// reference on nanoseconds: a request within a microsecond of
+			// a weight change could go the other way.
+			assert.Less(t, r["false_deny_pct"], 0.1)
 		})
 	}
 }

@@ -162,7 +162,7 @@ func (s *Memory) Take(ctx context.Context, reqs []*TakeRequest) error {
 				prev = s.get(r.Keys[2*j+1], now)
 			}
 			r.Counts[2*j], r.Counts[2*j+1] = cur, prev
-			if !Admits(rule.Limit, rule.WindowMs, r.NowMs, rule.Fixed, cur, prev, r.Cost) {
+			if !Admits(rule.Limit, rule.WindowMs, r.NowUs, rule.Fixed, cur, prev, r.Cost) {
 				r.Allowed = false
 			}
 		}

@@ -14,7 +14,7 @@ import (
 
 // takeScript decides one TakeRequest atomically (see its doc).
 // KEYS: cur_1, prev_1, ..., cur_n, prev_n.
-// ARGV: now_ms, cost, flags (1 peek, 2 count denied), then per rule: limit,
+// ARGV: now_us, cost, flags (1 peek, 2 count denied), then per rule: limit,
 // window_ms, fixed (0 or 1), expire_at_ms.
 // Reply: {allowed (0 or 1), cur_1, prev_1, ..., cur_n, prev_n}.
 const takeScript = `
@@ -28,7 +28,7 @@ local cur, prev = {}, {}
 local ok = 1
 for i = 1, n do
   local a = 4 + (i - 1) * 4
-  local limit, w, fixed = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2] == '1'
+  local limit, w, fixed = tonumber(ARGV[a]), tonumber(ARGV[a + 1]) * 1000, ARGV[a + 2] == '1'
   local c = tonumber(redis.call('GET', KEYS[2 * i - 1]) or '0')
   local p = 0
   if not fixed then p = tonumber(redis.call('GET', KEYS[2 * i]) or '0') end
@@ -144,7 +144,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			flags |= 2
 		}
 		a := make([]any, 0, 3+4*len(r.Rules))
-		a = append(a, r.NowMs, r.Cost, flags)
+		a = append(a, r.NowUs, r.Cost, flags)
 		for j, rule := range r.Rules {
 			fixed := 0
 			if rule.Fixed {

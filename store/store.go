@@ -61,12 +61,12 @@ type TakeRule struct {
 
 // TakeRequest is one decision made in the store (the synchronous mode). The
 // request is admitted when, for every rule i, with W its window and
-// e = NowMs mod W,
+// e = NowUs mod W (in microseconds),
 //
 //	prev_i·(W−e)/W + cur_i + Cost ≤ Limit_i     (sliding)
 //	cur_i + Cost ≤ Limit_i                      (fixed)
 //
-// where cur_i and prev_i are the counters Keys[2i] (window NowMs/W) and
+// where cur_i and prev_i are the counters Keys[2i] (the window holding NowUs) and
 // Keys[2i+1] (the window before). If it is admitted and Peek is false, or if
 // CountDenied is set and Peek is false, Cost is added to every cur_i
 // counter, and a counter created by that sets its expiry to ExpireAt[i].
@@ -74,7 +74,7 @@ type TakeRequest struct {
 	Keys        []string
 	Rules       []TakeRule
 	ExpireAt    []int64 // Unix ms, per rule
-	NowMs       int64
+	NowUs       int64 // the decision's instant, Unix microseconds
 	Cost        int64
 	Peek        bool
 	CountDenied bool
@@ -91,11 +91,12 @@ const Epsilon = 1e-9
 // Admits reports whether a request of cost admits under a rule with the
 // given counters, by the formula of TakeRequest. It is the one definition the
 // stores share with the limiter.
-func Admits(limit, windowMs, nowMs int64, fixed bool, cur, prev, cost int64) bool {
+func Admits(limit, windowMs, nowUs int64, fixed bool, cur, prev, cost int64) bool {
 	est := float64(cur)
 	if !fixed && prev > 0 {
-		e := nowMs % windowMs
-		est += float64(prev) * float64(windowMs-e) / float64(windowMs)
+		w := windowMs * 1000
+		e := nowUs % w
+		est += float64(prev) * float64(w-e) / float64(w)
 	}
 	return est+float64(cost) <= float64(limit)+Epsilon
 }

@@ -193,7 +193,7 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 
 func newTake(pfx, key string, nowMs, cost int64, peek, countDenied bool, rules ...store.TakeRule) *store.TakeRequest {
 	base := store.KeyBase(pfx, key)
-	r := &store.TakeRequest{Rules: rules, NowMs: nowMs, Cost: cost, Peek: peek, CountDenied: countDenied}
+	r := &store.TakeRequest{Rules: rules, NowUs: nowMs * 1000, Cost: cost, Peek: peek, CountDenied: countDenied}
 	for _, rule := range rules {
 		id := nowMs / rule.WindowMs
 		r.Keys = append(r.Keys, store.CounterKey(base, rule.WindowMs, id), store.CounterKey(base, rule.WindowMs, id-1))

@@ -239,7 +239,10 @@ func (l *Loop) push(ctx context.Context, entries []*local.Entry) error {
 		}
 		l.spans = append(l.spans, s)
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	// A large batch gets time in proportion: 10µs per operation on top of
+	// Timeout (100k keys: +1s), so that a cycle after a long outage does
+	// not time out again and again.
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout+time.Duration(len(l.ops))*10*time.Microsecond)
 	start := time.Now()
 	err := l.cfg.Store.Apply(ctx, l.ops)
 	cancel()
@@ -253,6 +256,7 @@ func (l *Loop) push(ctx context.Context, entries []*local.Entry) error {
 			l.cfg.Table.AddDropped(s.e.Fail(l.pushes[s.from:s.to]))
 			l.cfg.Table.Touch(s.e)
 		}
+		l.release()
 		l.fail(err)
 		return err
 	}
@@ -277,8 +281,21 @@ func (l *Loop) push(ctx context.Context, entries []*local.Entry) error {
 			l.cfg.Table.Touch(s.e)
 		}
 	}
-	clear(l.ops) // drop key strings
+	l.release()
 	return nil
+}
+
+// release drops the scratch slices' references, and the slices themselves
+// after an unusually large cycle, so that a burst of keys does not pin
+// memory for the life of the limiter.
+func (l *Loop) release() {
+	clear(l.ops) // key strings
+	clear(l.entries)
+	clear(l.spans)
+	const keep = 1 << 14
+	if cap(l.ops) > keep && len(l.ops) < cap(l.ops)/4 {
+		l.ops, l.pushes, l.spans, l.entries = nil, nil, nil, nil
+	}
 }
 
 // MeasureOffset reads the store's clock and records its offset to this
