@@ -74,7 +74,7 @@ type TakeRequest struct {
 	Keys        []string
 	Rules       []TakeRule
 	ExpireAt    []int64 // Unix ms, per rule
-	NowUs       int64 // the decision's instant, Unix microseconds
+	NowUs       int64   // the decision's instant, Unix microseconds
 	Cost        int64
 	Peek        bool
 	CountDenied bool
