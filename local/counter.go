@@ -95,21 +95,76 @@ func (c *Counter) Add(n int64) Word {
 // Entry is the state of one user key on this node: a Counter per rule, the
 // time of the last decision, and bookkeeping for the sync loop and the
 // evictor. Entries are created by Table; they are safe for concurrent use.
+//
+// The fields a decision reads come first, and the counters of up to 8 rules
+// are allocated with the entry (see newEntry), so that a decision on a cold
+// key touches as few cache lines as possible.
 type Entry struct {
+	// C holds one Counter per rule, in rule order.
+	C []Counter
+
+	lastSeen atomic.Int64 // ns of the last decision
+	allowed  atomic.Uint64
+	dead     atomic.Bool // evicted: decisions must retry with a fresh entry
+	queued   atomic.Bool // in the table's touched queue
+	mu       sync.Mutex
+	denied   atomic.Uint64
+
 	// Key is the user key. It never changes.
 	Key string
 
-	mu       sync.Mutex
-	lastSeen atomic.Int64 // ns of the last decision
-	dead     atomic.Bool  // evicted: decisions must retry with a fresh entry
-	queued   atomic.Bool  // in the table's touched queue
-	allowed  atomic.Uint64
-	denied   atomic.Uint64
-	base     string      // store key prefix of this user key (guarded by mu)
-	keys     []storeKeys // store keys of the synchronous mode's windows (guarded by mu)
+	sk *storeKeys // the key's store keys, built on first use (guarded by mu)
+}
 
-	// C holds one Counter per rule, in rule order.
-	C []Counter
+// storeKeys caches the store keys of an entry.
+type storeKeys struct {
+	base string    // "<prefix>:{<encoded key>}:"
+	wins []winKeys // per rule: the synchronous mode's current and previous window keys
+}
+
+type winKeys struct {
+	win       int64
+	cur, prev string
+}
+
+// newEntry allocates an entry for key with n counters, in one allocation
+// when n ≤ 8.
+func newEntry(key string, n int) *Entry {
+	var e *Entry
+	switch {
+	case n == 1:
+		x := &struct {
+			Entry
+			c [1]Counter
+		}{}
+		e = &x.Entry
+		e.C = x.c[:]
+	case n == 2:
+		x := &struct {
+			Entry
+			c [2]Counter
+		}{}
+		e = &x.Entry
+		e.C = x.c[:]
+	case n <= 4:
+		x := &struct {
+			Entry
+			c [4]Counter
+		}{}
+		e = &x.Entry
+		e.C = x.c[:n]
+	case n <= 8:
+		x := &struct {
+			Entry
+			c [8]Counter
+		}{}
+		e = &x.Entry
+		e.C = x.c[:n]
+	default:
+		e = &Entry{C: make([]Counter, n)}
+	}
+	e.Key = key
+	return e
 }
 
 // Seen records a decision at now.

@@ -10,7 +10,7 @@ import (
 
 const w = int64(1000) // window size, ns, for these tests
 
-func newEntry(t *testing.T, syncing bool) (*Table, *Entry) {
+func newTestEntry(t *testing.T, syncing bool) (*Table, *Entry) {
 	t.Helper()
 	tb := NewTable([]int64{w}, 10, syncing)
 	e := tb.LoadOrCreate("k", 5*w)
@@ -29,7 +29,7 @@ func add(t *testing.T, e *Entry, n int64) Word {
 }
 
 func TestCompareAndAddFailsAcrossRollover(t *testing.T) {
-	_, e := newEntry(t, false)
+	_, e := newTestEntry(t, false)
 	wd := e.C[0].Load()
 	e.Roll(0, 6, 0, false)
 	assert.False(t, e.C[0].CompareAndAdd(wd, 1), "a word read before the rollover must not commit after it")
@@ -38,7 +38,7 @@ func TestCompareAndAddFailsAcrossRollover(t *testing.T) {
 }
 
 func TestRollKeepsThePreviousWindow(t *testing.T) {
-	tb, e := newEntry(t, true)
+	tb, e := newTestEntry(t, true)
 	add(t, e, 3)
 	assert.Equal(t, int64(0), e.Roll(0, 6, 42, true))
 	c := &e.C[0]
@@ -55,7 +55,7 @@ func TestRollKeepsThePreviousWindow(t *testing.T) {
 }
 
 func TestTakeAckFail(t *testing.T) {
-	_, e := newEntry(t, true)
+	_, e := newTestEntry(t, true)
 	c := &e.C[0]
 	add(t, e, 4)
 	pushes, again := e.Take(0, nil)
@@ -84,7 +84,7 @@ func TestTakeAckFail(t *testing.T) {
 }
 
 func TestAckAfterRolloverLandsInThePreviousWindow(t *testing.T) {
-	_, e := newEntry(t, true)
+	_, e := newTestEntry(t, true)
 	c := &e.C[0]
 	add(t, e, 4)
 	pushes, _ := e.Take(0, nil)
@@ -106,7 +106,7 @@ func TestAckAfterRolloverLandsInThePreviousWindow(t *testing.T) {
 }
 
 func TestFailAfterRolloverKeepsTheIncrementsForThePreviousWindow(t *testing.T) {
-	_, e := newEntry(t, true)
+	_, e := newTestEntry(t, true)
 	c := &e.C[0]
 	add(t, e, 4)
 	pushes, _ := e.Take(0, nil)
@@ -121,7 +121,7 @@ func TestFailAfterRolloverKeepsTheIncrementsForThePreviousWindow(t *testing.T) {
 }
 
 func TestUndo(t *testing.T) {
-	_, e := newEntry(t, true)
+	_, e := newTestEntry(t, true)
 	c := &e.C[0]
 	add(t, e, 2)
 	wd := add(t, e, 3)
@@ -135,7 +135,7 @@ func TestUndo(t *testing.T) {
 }
 
 func TestConcurrentAddsAndSyncLoseNothing(t *testing.T) {
-	tb, e := newEntry(t, true)
+	tb, e := newTestEntry(t, true)
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() {

@@ -122,10 +122,15 @@ func (e *Entry) Fail(pushes []Push) (dropped int64) {
 func (e *Entry) StoreBase(build func(key string) string) string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.base == "" {
-		e.base = build(e.Key)
+	return e.storeKeys(build).base
+}
+
+// storeKeys returns e's store key cache, creating it. Call with e.mu held.
+func (e *Entry) storeKeys(build func(key string) string) *storeKeys {
+	if e.sk == nil {
+		e.sk = &storeKeys{base: build(e.Key)}
 	}
-	return e.base
+	return e.sk
 }
 
 // StoreKeys returns the store keys of counter i's windows win and win-1,
@@ -134,27 +139,20 @@ func (e *Entry) StoreBase(build func(key string) string) string {
 func (e *Entry) StoreKeys(i int, win int64, base func(key string) string, key func(base string, win int64) string) (cur, prev string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.base == "" {
-		e.base = base(e.Key)
+	sk := e.storeKeys(base)
+	if sk.wins == nil {
+		sk.wins = make([]winKeys, len(e.C))
 	}
-	if e.keys == nil {
-		e.keys = make([]storeKeys, len(e.C))
-	}
-	k := &e.keys[i]
+	k := &sk.wins[i]
 	if k.cur == "" || k.win != win {
 		if k.cur != "" && k.win == win-1 {
 			k.prev = k.cur
 		} else {
-			k.prev = key(e.base, win-1)
+			k.prev = key(sk.base, win-1)
 		}
-		k.cur, k.win = key(e.base, win), win
+		k.cur, k.win = key(sk.base, win), win
 	}
 	return k.cur, k.prev
-}
-
-type storeKeys struct {
-	win       int64
-	cur, prev string
 }
 
 // Observe records the store's counts for counter i after a decision made in

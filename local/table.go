@@ -236,7 +236,7 @@ func (t *Table) Stats() Stats {
 // Scratch returns an entry for key with empty counters in the windows of
 // now, without storing it in the table: decisions on it are not tracked.
 func (t *Table) Scratch(key string, now int64) *Entry {
-	e := &Entry{Key: key, C: make([]Counter, len(t.windows))}
+	e := newEntry(key, len(t.windows))
 	for i, w := range t.windows {
 		e.C[i].win.Store(now / w)
 		e.C[i].expWin = -1
