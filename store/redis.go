@@ -58,17 +58,48 @@ return out
 // all requests of a call in one pipeline. In Redis Cluster, every counter of
 // a user key shares one hash slot, and go-redis splits pipelines by node.
 //
+// With a standalone client (*redis.Client), Apply writes its pipelines on
+// at most two connections of its own, dialled with the client's options,
+// in Redis's wire format with no allocation per counter: several times
+// faster than go-redis pipelines for large sync cycles. Those pipelines
+// bypass the client's hooks; ViaClient turns the fast path off. It is off
+// by itself for clients with credential providers, OnConnect hooks or a
+// client-side Limiter.
+//
 // Redis is safe for concurrent use. The zero value is not usable: create
 // one with NewRedis.
 type Redis struct {
 	c      redis.UniversalClient
+	raw    *rawPipe
 	script *redis.Script
 	calls  atomic.Uint64
 }
 
+// RedisOption configures NewRedis.
+type RedisOption func(*Redis)
+
+// ViaClient makes every command go through the go-redis client (its hooks,
+// pool and instrumentation), at the cost of the fast sync path.
+func ViaClient() RedisOption {
+	return func(s *Redis) { s.raw = nil }
+}
+
 // NewRedis returns a store on the client c.
-func NewRedis(c redis.UniversalClient) *Redis {
-	return &Redis{c: c, script: redis.NewScript(takeScript)}
+func NewRedis(c redis.UniversalClient, opts ...RedisOption) *Redis {
+	s := &Redis{c: c, raw: newRawPipe(c), script: redis.NewScript(takeScript)}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Close closes the store's own connections (the fast sync path's), not the
+// client. Calls after Close still work; they dial again when needed.
+func (s *Redis) Close() error {
+	if s.raw != nil {
+		s.raw.close()
+	}
+	return nil
 }
 
 // Calls returns the number of round trips (pipelines and commands) sent.
@@ -78,6 +109,10 @@ func (s *Redis) Calls() uint64 { return s.calls.Load() }
 func (s *Redis) Apply(ctx context.Context, ops []Op) error {
 	if len(ops) == 0 {
 		return nil
+	}
+	if s.raw != nil {
+		s.calls.Add(1)
+		return s.raw.apply(ctx, ops)
 	}
 	pipe := s.c.Pipeline()
 	incr := make([]*redis.IntCmd, len(ops))

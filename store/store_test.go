@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -27,8 +28,66 @@ func TestMemoryContract(t *testing.T) {
 func TestRedisContract(t *testing.T) {
 	c := redistest.Client(t)
 	runContract(t, func(t *testing.T) (store.Store, string) {
-		return store.NewRedis(c), redistest.Prefix(t)
+		s := store.NewRedis(c)
+		t.Cleanup(func() { _ = s.Close() })
+		return s, redistest.Prefix(t)
 	})
+}
+
+// The same contract through go-redis pipelines (Cluster and Sentinel
+// clients, or ViaClient) instead of the store's own connections.
+func TestRedisViaClientContract(t *testing.T) {
+	c := redistest.Client(t)
+	runContract(t, func(t *testing.T) (store.Store, string) {
+		return store.NewRedis(c, store.ViaClient()), redistest.Prefix(t)
+	})
+}
+
+// A password and a database are honoured by the store's own connections.
+func TestRedisFastPathHandshake(t *testing.T) {
+	addr := redistest.Addr(t)
+	admin := redistest.Client(t)
+	ctx := context.Background()
+	user := redistest.Prefix(t)
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", user, "on", ">secret", "~*", "+@all").Err())
+	t.Cleanup(func() { admin.Do(context.Background(), "ACL", "DELUSER", user) })
+	c := redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: "secret", DB: 3})
+	t.Cleanup(func() { _ = c.Close() })
+	s := store.NewRedis(c)
+	defer s.Close()
+	k := store.CounterKey(store.KeyBase(user, "k"), 1000, 1)
+	require.NoError(t, s.Apply(ctx, []store.Op{{Key: k, Delta: 5, ExpireAt: time.Now().Add(time.Minute).UnixMilli()}}))
+	v, err := c.Get(ctx, k).Int64()
+	require.NoError(t, err)
+	assert.Equal(t, int64(5), v, "written to DB 3 as the user")
+	assert.Equal(t, int64(0), admin.Exists(ctx, k).Val(), "not in DB 0")
+	bad := redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: "wrong"})
+	t.Cleanup(func() { _ = bad.Close() })
+	assert.Error(t, store.NewRedis(bad).Apply(ctx, []store.Op{{Key: k, Delta: 1}}))
+}
+
+func TestRedisFastPathErrors(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := context.Background()
+	pfx := redistest.Prefix(t)
+	s := store.NewRedis(c)
+	defer s.Close()
+	k := store.CounterKey(store.KeyBase(pfx, "text"), 1000, 1)
+	require.NoError(t, c.Set(ctx, k, "not a number", time.Minute).Err())
+	assert.ErrorContains(t, s.Apply(ctx, []store.Op{{Key: k, Delta: 1}}), "not an integer")
+	assert.ErrorContains(t, s.Apply(ctx, []store.Op{{Key: k}}), "not an integer")
+	// The connection was dropped, not reused mid-reply: the next call works.
+	ok := store.CounterKey(store.KeyBase(pfx, "ok"), 1000, 1)
+	ops := []store.Op{{Key: ok, Delta: 2}, {Key: ok}}
+	require.NoError(t, s.Apply(ctx, ops))
+	assert.Equal(t, []int64{2, 2}, []int64{ops[0].Total, ops[1].Total})
+	// A large batch crosses the write buffer's flush size.
+	big := make([]store.Op, 20_000)
+	for i := range big {
+		big[i] = store.Op{Key: store.CounterKey(store.KeyBase(pfx, fmt.Sprint("big", i%1000)), 1000, 1), Delta: 1, ExpireAt: time.Now().Add(time.Minute).UnixMilli()}
+	}
+	require.NoError(t, s.Apply(ctx, big))
+	assert.Equal(t, int64(20), big[len(big)-1].Total)
 }
 
 func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
