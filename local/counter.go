@@ -239,7 +239,8 @@ func (e *Entry) Roll(i int, win, prevReadUntil int64, syncing bool) (dropped int
 // WaitRoll blocks until a rollover under way on the entry has finished.
 func (e *Entry) WaitRoll() {
 	e.mu.Lock()
-	e.mu.Unlock() //nolint:staticcheck // an empty critical section is the point: wait for Roll
+	//lint:ignore SA2001 an empty critical section is the point: it waits for Roll.
+	e.mu.Unlock()
 }
 
 // Undo takes back n that a decision added to counter i when the pending word

@@ -168,9 +168,8 @@ func parse(r io.Reader) []*result {
 			name = name[:i] // drop the GOMAXPROCS suffix
 		}
 		parts := strings.Split(name, "/")
-		res, ok := byName[name]
-		if !ok {
-			res = &result{family: strings.TrimPrefix(parts[0], "Benchmark"), params: map[string]string{}, m: map[string]float64{}}
+		if _, ok := byName[name]; !ok {
+			res := &result{family: strings.TrimPrefix(parts[0], "Benchmark"), params: map[string]string{}, m: map[string]float64{}}
 			for _, p := range parts[1:] {
 				k, v, _ := strings.Cut(p, "=")
 				if k == "impl" {
