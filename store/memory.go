@@ -125,13 +125,14 @@ func (s *Memory) Apply(ctx context.Context, ops []Op) error {
 	s.maybeSweep(now)
 	for i := range ops {
 		op := &ops[i]
+		key := op.Name()
 		if op.Delta == 0 {
-			op.Total = s.get(op.Key, now)
+			op.Total = s.get(key, now)
 		} else {
-			op.Total, _ = s.incr(op.Key, op.Delta, now)
+			op.Total, _ = s.incr(key, op.Delta, now)
 		}
 		if op.ExpireAt != 0 {
-			s.expire(op.Key, op.ExpireAt)
+			s.expire(key, op.ExpireAt)
 		}
 	}
 	return nil

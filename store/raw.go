@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
@@ -21,10 +22,17 @@ import (
 // allocates nothing per counter, which is where most of a large sync
 // cycle's time went. It keeps at most two idle connections.
 type rawPipe struct {
-	opt *redis.Options
+	opt    *redis.Options
+	marker string // key of the last batch's sequence number (see apply)
 
-	mu   sync.Mutex
+	mu   sync.Mutex // guards idle
 	idle []*rawConn
+
+	txMu     sync.Mutex // one batch at a time; guards the fields below
+	seq      uint64
+	owed     map[string]int64 // increments Redis has that callers will push again
+	maybe    map[string]int64 // increments of the failed batch maybeSeq, which may have landed
+	maybeSeq uint64
 }
 
 type rawConn struct {
@@ -46,7 +54,7 @@ func newRawPipe(c redis.UniversalClient) *rawPipe {
 		opt.CredentialsProviderContext != nil || opt.StreamingCredentialsProvider != nil || opt.Limiter != nil {
 		return nil
 	}
-	return &rawPipe{opt: opt}
+	return &rawPipe{opt: opt, marker: fmt.Sprintf("hybridlimit:sync:%016x", rand.Uint64()), owed: map[string]int64{}}
 }
 
 func (p *rawPipe) get(ctx context.Context) (*rawConn, error) {
@@ -133,22 +141,109 @@ func (c *rawConn) handshake(opt *redis.Options) error {
 	return nil
 }
 
-// apply runs ops as one pipeline: INCRBY or GET per op, then PEXPIREAT
-// where asked.
+// apply runs ops as one transaction (MULTI ... EXEC): INCRBY or GET per
+// op, PEXPIREAT where asked, and a SET of the pipe's marker key to the
+// batch's sequence number.
+//
+// The marker makes pushes exactly-once. When a batch fails after it was
+// sent, Redis may or may not have executed it (the reply may be what was
+// lost), and the caller will push the same increments again. Before the
+// next batch, apply reads the marker: if the failed batch landed, its
+// increments are owed, and are taken off the counters' next pushes instead
+// of being added twice.
 func (p *rawPipe) apply(ctx context.Context, ops []Op) error {
+	p.txMu.Lock()
+	defer p.txMu.Unlock()
 	c, err := p.get(ctx)
 	if err != nil {
+		return err // nothing was sent
+	}
+	if p.maybeSeq != 0 {
+		landed, err := c.markerIs(ctx, p.marker, p.maybeSeq)
+		if err != nil {
+			_ = c.c.Close()
+			return err
+		}
+		if landed {
+			for k, d := range p.maybe {
+				p.owed[k] += d
+			}
+		}
+		p.maybe, p.maybeSeq = nil, 0
+	}
+	type took struct {
+		i int
+		d int64
+	}
+	var taken []took
+	if len(p.owed) > 0 {
+		for i := range ops {
+			if ops[i].Delta <= 0 {
+				continue
+			}
+			name := ops[i].Name()
+			if d := min(p.owed[name], ops[i].Delta); d > 0 {
+				ops[i].Delta -= d
+				if p.owed[name] -= d; p.owed[name] == 0 {
+					delete(p.owed, name)
+				}
+				taken = append(taken, took{i, d})
+			}
+		}
+	}
+	p.seq++
+	if err := c.apply(ctx, ops, p.marker, p.seq); err != nil {
+		_ = c.c.Close()
+		// What was taken off is still owed; what was sent may have landed.
+		for _, t := range taken {
+			ops[t.i].Delta += t.d
+			p.owed[ops[t.i].Name()] += t.d
+		}
+		p.maybe, p.maybeSeq = make(map[string]int64), p.seq
+		for i := range ops {
+			if ops[i].Delta > 0 {
+				p.maybe[ops[i].Name()] += ops[i].Delta
+			}
+		}
+		for _, t := range taken {
+			p.maybe[ops[t.i].Name()] -= t.d
+		}
 		return err
 	}
-	if err := c.apply(ctx, ops); err != nil {
-		_ = c.c.Close()
-		return err
+	for _, t := range taken {
+		ops[t.i].Delta += t.d // the caller's view: its increments are in the total
 	}
 	p.put(c)
 	return nil
 }
 
-func (c *rawConn) apply(ctx context.Context, ops []Op) error {
+// markerIs reports whether the marker key holds seq.
+func (c *rawConn) markerIs(ctx context.Context, marker string, seq uint64) (bool, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.c.SetDeadline(dl)
+	}
+	buf := append(c.buf[:0], "*2\r\n$3\r\nGET\r\n"...)
+	buf = appendBulk(buf, marker)
+	c.buf = buf[:0]
+	if _, err := c.c.Write(buf); err != nil {
+		return false, err
+	}
+	line, err := c.line()
+	if err != nil {
+		return false, err
+	}
+	n, err := parseInt(line, '$')
+	if err != nil || n < 0 {
+		return false, err
+	}
+	val, err := c.line()
+	if err != nil {
+		return false, err
+	}
+	return string(val) == strconv.FormatUint(seq, 10), nil
+}
+
+func (c *rawConn) apply(ctx context.Context, ops []Op, marker string, seq uint64) error {
 	dl, ok := ctx.Deadline()
 	if !ok {
 		dl = time.Time{}
@@ -160,21 +255,21 @@ func (c *rawConn) apply(ctx context.Context, ops []Op) error {
 	// side's socket buffer fills while the other waits.
 	readErr := make(chan error, 1)
 	go func() { readErr <- c.readReplies(ops) }()
-	buf := c.buf[:0]
+	buf := append(c.buf[:0], "*1\r\n$5\r\nMULTI\r\n"...)
 	var werr error
 	for i := range ops {
 		op := &ops[i]
 		if op.Delta != 0 {
 			buf = append(buf, "*3\r\n$6\r\nINCRBY\r\n"...)
-			buf = appendBulk(buf, op.Key)
+			buf = appendName(buf, op)
 			buf = appendBulkInt(buf, op.Delta)
 		} else {
 			buf = append(buf, "*2\r\n$3\r\nGET\r\n"...)
-			buf = appendBulk(buf, op.Key)
+			buf = appendName(buf, op)
 		}
 		if op.ExpireAt != 0 {
 			buf = append(buf, "*3\r\n$9\r\nPEXPIREAT\r\n"...)
-			buf = appendBulk(buf, op.Key)
+			buf = appendName(buf, op)
 			buf = appendBulkInt(buf, op.ExpireAt)
 		}
 		if len(buf) >= 256<<10 {
@@ -184,7 +279,11 @@ func (c *rawConn) apply(ctx context.Context, ops []Op) error {
 			buf = buf[:0]
 		}
 	}
-	if werr == nil && len(buf) > 0 {
+	buf = append(buf, "*5\r\n$3\r\nSET\r\n"...)
+	buf = appendBulk(buf, marker)
+	buf = appendBulkInt(buf, int64(seq))
+	buf = append(buf, "$2\r\nPX\r\n$7\r\n3600000\r\n*1\r\n$4\r\nEXEC\r\n"...)
+	if werr == nil {
 		_, werr = c.c.Write(buf)
 	}
 	c.buf = buf[:0]
@@ -202,6 +301,32 @@ func (c *rawConn) apply(ctx context.Context, ops []Op) error {
 var errReply = errors.New("store: unexpected reply")
 
 func (c *rawConn) readReplies(ops []Op) error {
+	// MULTI, then +QUEUED for every command, then EXEC's array.
+	queued := 1 // the marker's SET
+	for i := range ops {
+		queued++
+		if ops[i].ExpireAt != 0 {
+			queued++
+		}
+	}
+	for k := 0; k <= queued; k++ {
+		line, err := c.line()
+		if err != nil {
+			return err
+		}
+		if len(line) == 0 || line[0] != '+' {
+			return fmt.Errorf("%w %q in a transaction", errReply, line)
+		}
+	}
+	line, err := c.line()
+	if err != nil {
+		return err
+	}
+	if n, err := parseInt(line, '*'); err != nil {
+		return err
+	} else if n != int64(queued) {
+		return fmt.Errorf("%w: EXEC returned %d results for %d commands", errReply, n, queued)
+	}
 	for i := range ops {
 		op := &ops[i]
 		line, err := c.line()
@@ -211,31 +336,12 @@ func (c *rawConn) readReplies(ops []Op) error {
 		switch {
 		case op.Delta != 0: // INCRBY: an integer
 			if op.Total, err = parseInt(line, ':'); err != nil {
-				return fmt.Errorf("INCRBY %q: %w", op.Key, err)
+				return fmt.Errorf("INCRBY %q: %w", op.Name(), err)
 			}
 		default: // GET: a bulk string holding an integer, or nil
-			if len(line) > 0 && line[0] == '$' {
-				n, err := parseInt(line, '$')
-				if err != nil {
-					return fmt.Errorf("GET %q: %w", op.Key, err)
-				}
-				if n < 0 {
-					op.Total = 0
-					break
-				}
-				if n > 20 {
-					return fmt.Errorf("GET %q: a value of %d bytes is not a counter", op.Key, n)
-				}
-				val, err := c.line()
-				if err != nil {
-					return err
-				}
-				if op.Total, err = strconv.ParseInt(string(val), 10, 64); err != nil {
-					return fmt.Errorf("GET %q: counter holds %q, not an integer", op.Key, val)
-				}
-				break
+			if op.Total, err = c.bulkInt(line); err != nil {
+				return fmt.Errorf("GET %q: %w", op.Name(), err)
 			}
-			return fmt.Errorf("GET %q: %w %q", op.Key, errReply, line)
 		}
 		if op.ExpireAt != 0 {
 			line, err := c.line()
@@ -243,11 +349,42 @@ func (c *rawConn) readReplies(ops []Op) error {
 				return err
 			}
 			if _, err := parseInt(line, ':'); err != nil {
-				return fmt.Errorf("PEXPIREAT %q: %w", op.Key, err)
+				return fmt.Errorf("PEXPIREAT %q: %w", op.Name(), err)
 			}
 		}
 	}
+	line, err = c.line() // the marker's SET: +OK
+	if err != nil {
+		return err
+	}
+	if len(line) == 0 || line[0] != '+' {
+		return fmt.Errorf("%w %q for the sync marker", errReply, line)
+	}
 	return nil
+}
+
+// bulkInt reads the rest of a bulk-string reply that starts with line and
+// parses it as an integer counter; nil reads as 0.
+func (c *rawConn) bulkInt(line []byte) (int64, error) {
+	n, err := parseInt(line, '$')
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 {
+		return 0, nil
+	}
+	if n > 20 {
+		return 0, fmt.Errorf("a value of %d bytes is not a counter", n)
+	}
+	val, err := c.line()
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.ParseInt(string(val), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("counter holds %q, not an integer", val)
+	}
+	return v, nil
 }
 
 // line reads one reply line without its CRLF. The slice is valid until the
@@ -310,6 +447,33 @@ func appendBulk(b []byte, s string) []byte {
 	b = append(b, '\r', '\n')
 	b = append(b, s...)
 	return append(b, '\r', '\n')
+}
+
+// appendName appends the counter name of op as a bulk string, building
+// no string.
+func appendName(b []byte, op *Op) []byte {
+	if op.Key != "" {
+		return appendBulk(b, op.Key)
+	}
+	n := len(op.Base) + digits(op.WindowMs) + 1 + digits(op.ID)
+	b = append(b, '$')
+	b = strconv.AppendInt(b, int64(n), 10)
+	b = append(b, '\r', '\n')
+	b = op.appendName(b)
+	return append(b, '\r', '\n')
+}
+
+// digits returns the length of v in decimal.
+func digits(v int64) int {
+	n := 1
+	if v < 0 {
+		n, v = 2, -v
+	}
+	for v >= 10 {
+		v /= 10
+		n++
+	}
+	return n
 }
 
 func appendBulkInt(b []byte, v int64) []byte {

@@ -119,13 +119,14 @@ func (s *Redis) Apply(ctx context.Context, ops []Op) error {
 	get := make([]*redis.StringCmd, len(ops))
 	for i := range ops {
 		op := &ops[i]
+		key := op.Name()
 		if op.Delta != 0 {
-			incr[i] = pipe.IncrBy(ctx, op.Key, op.Delta)
+			incr[i] = pipe.IncrBy(ctx, key, op.Delta)
 		} else {
-			get[i] = pipe.Get(ctx, op.Key)
+			get[i] = pipe.Get(ctx, key)
 		}
 		if op.ExpireAt != 0 {
-			pipe.PExpireAt(ctx, op.Key, time.UnixMilli(op.ExpireAt))
+			pipe.PExpireAt(ctx, key, time.UnixMilli(op.ExpireAt))
 		}
 	}
 	s.calls.Add(1)
@@ -137,7 +138,7 @@ func (s *Redis) Apply(ctx context.Context, ops []Op) error {
 		if incr[i] != nil {
 			v, err := incr[i].Result()
 			if err != nil {
-				return fmt.Errorf("store: INCRBY %q: %w", ops[i].Key, err)
+				return fmt.Errorf("store: INCRBY %q: %w", ops[i].Name(), err)
 			}
 			ops[i].Total = v
 			continue
@@ -147,11 +148,11 @@ func (s *Redis) Apply(ctx context.Context, ops []Op) error {
 		case errors.Is(err, redis.Nil):
 			ops[i].Total = 0
 		case err != nil:
-			return fmt.Errorf("store: GET %q: %w", ops[i].Key, err)
+			return fmt.Errorf("store: GET %q: %w", ops[i].Name(), err)
 		default:
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
-				return fmt.Errorf("store: GET %q: counter holds %q, not an integer", ops[i].Key, v)
+				return fmt.Errorf("store: GET %q: counter holds %q, not an integer", ops[i].Name(), v)
 			}
 			ops[i].Total = n
 		}

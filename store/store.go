@@ -18,7 +18,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -44,12 +43,37 @@ type Store interface {
 	Time(ctx context.Context) (time.Time, error)
 }
 
-// Op is one counter operation of Store.Apply.
+// Op is one counter operation of Store.Apply. The counter is named by Key
+// or, when Key is empty, by Base, WindowMs and ID as CounterKey(Base,
+// WindowMs, ID) would name it: the sync loop passes the parts, so that a
+// store that writes the name straight onto the wire builds no string.
 type Op struct {
 	Key      string
+	Base     string // from KeyBase
+	WindowMs int64
+	ID       int64
 	Delta    int64 // added to the counter; 0 reads it only
 	ExpireAt int64 // Unix milliseconds; 0 leaves the expiry alone
 	Total    int64 // out: the counter's value after the operation
+}
+
+// Name returns the counter's key.
+func (op *Op) Name() string {
+	if op.Key != "" {
+		return op.Key
+	}
+	return CounterKey(op.Base, op.WindowMs, op.ID)
+}
+
+// appendName appends the counter's key to b.
+func (op *Op) appendName(b []byte) []byte {
+	if op.Key != "" {
+		return append(b, op.Key...)
+	}
+	b = append(b, op.Base...)
+	b = strconv.AppendInt(b, op.WindowMs, 10)
+	b = append(b, ':')
+	return strconv.AppendInt(b, op.ID, 10)
 }
 
 // TakeRule is one rule of a TakeRequest.
@@ -107,15 +131,12 @@ var ErrUnavailable = errors.New("store unavailable")
 // KeyBase returns the part of a counter key shared by every counter of
 // userKey: "<prefix>:{<base64url(userKey)>}:".
 func KeyBase(prefix, userKey string) string {
-	var b strings.Builder
-	b.Grow(len(prefix) + 4 + base64.RawURLEncoding.EncodedLen(len(userKey)))
-	b.WriteString(prefix)
-	b.WriteString(":{")
-	enc := base64.NewEncoder(base64.RawURLEncoding, &b)
-	_, _ = enc.Write([]byte(userKey))
-	_ = enc.Close()
-	b.WriteString("}:")
-	return b.String()
+	b := make([]byte, 0, len(prefix)+4+base64.RawURLEncoding.EncodedLen(len(userKey)))
+	b = append(b, prefix...)
+	b = append(b, ":{"...)
+	b = base64.RawURLEncoding.AppendEncode(b, []byte(userKey))
+	b = append(b, "}:"...)
+	return string(b)
 }
 
 // CounterKey returns the key of one window's counter: base (from KeyBase),

@@ -66,6 +66,53 @@ func TestRedisFastPathHandshake(t *testing.T) {
 	assert.Error(t, store.NewRedis(bad).Apply(ctx, []store.Op{{Key: k, Delta: 1}}))
 }
 
+// A batch whose reply is lost after Redis executed it is not counted twice
+// when the caller pushes the same increments again.
+func TestRedisFastPathExactlyOnce(t *testing.T) {
+	proxy := redistest.NewProxy(t, redistest.Addr(t))
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	direct := redistest.Client(t)
+	s := store.NewRedis(c)
+	defer s.Close()
+	pfx := redistest.Prefix(t)
+	base := store.KeyBase(pfx, "once")
+	op := func(d int64) []store.Op {
+		return []store.Op{{Base: base, WindowMs: 1000, ID: 7, Delta: d, ExpireAt: time.Now().Add(time.Minute).UnixMilli()},
+			{Base: base, WindowMs: 1000, ID: 8, Delta: 1}}
+	}
+	ctx := context.Background()
+	require.NoError(t, s.Apply(ctx, op(2)))
+
+	proxy.DropReplies()
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	assert.Error(t, s.Apply(short, op(5)), "the reply never comes")
+	cancel()
+	key := store.CounterKey(base, 1000, 7)
+	assert.Equal(t, int64(7), mustInt(t, direct.Get(ctx, key)), "but Redis executed the batch")
+
+	// Still unreachable: the next attempt fails before sending anything.
+	proxy.Down()
+	assert.Error(t, s.Apply(ctx, op(6)))
+	proxy.Up()
+
+	// The caller pushes the 5 again with 3 new ones: only the 3 are added.
+	ops := op(8)
+	require.NoError(t, s.Apply(ctx, ops))
+	assert.Equal(t, int64(10), ops[0].Total)
+	assert.Equal(t, int64(8), ops[0].Delta, "the caller's ops are left as it sent them")
+	assert.Equal(t, int64(2), ops[1].Total, "window 8: 1 + the 1 owed is not added again, + 1 new")
+	assert.Equal(t, int64(10), mustInt(t, direct.Get(ctx, key)))
+
+	// A batch that failed before reaching Redis owes nothing.
+	proxy.Down()
+	assert.Error(t, s.Apply(ctx, op(4)))
+	proxy.Up()
+	ops = op(4)
+	require.NoError(t, s.Apply(ctx, ops))
+	assert.Equal(t, int64(14), ops[0].Total)
+}
+
 func TestRedisFastPathErrors(t *testing.T) {
 	c := redistest.Client(t)
 	ctx := context.Background()
@@ -299,4 +346,11 @@ func TestKeyEncoding(t *testing.T) {
 		assert.NotContains(t, tag, "{")
 		assert.True(t, strings.HasSuffix(ck, "}:1000:5"), fmt.Sprintf("%q", ck))
 	}
+}
+
+func mustInt(t *testing.T, c *redis.StringCmd) int64 {
+	t.Helper()
+	v, err := c.Int64()
+	require.NoError(t, err)
+	return v
 }

@@ -59,9 +59,8 @@ type Config struct {
 // safe for concurrent use (cycles run one at a time); Run runs them on a
 // schedule. The zero value is not usable: create one with New.
 type Loop struct {
-	cfg    Config
-	wms    []int64                              // window per rule, ms
-	keyFns []func(base string, id int64) string // counter key per rule
+	cfg Config
+	wms []int64 // window per rule, ms
 
 	mu      gosync.Mutex // one cycle at a time; guards the scratch below
 	entries []*local.Entry
@@ -99,9 +98,7 @@ type errBox struct{ err error }
 func New(cfg Config) *Loop {
 	l := &Loop{cfg: cfg}
 	for _, w := range cfg.Table.Windows() {
-		wms := w / int64(time.Millisecond)
-		l.wms = append(l.wms, wms)
-		l.keyFns = append(l.keyFns, func(base string, id int64) string { return store.CounterKey(base, wms, id) })
+		l.wms = append(l.wms, w/int64(time.Millisecond))
 	}
 	if l.cfg.MaxBackoff == 0 {
 		l.cfg.MaxBackoff = max(5*time.Second, cfg.Rate)
@@ -224,20 +221,21 @@ func (l *Loop) push(ctx context.Context, entries []*local.Entry) error {
 	now := l.cfg.Now()
 	l.spans, l.pushes, l.ops = l.spans[:0], l.pushes[:0], l.ops[:0]
 	for _, e := range entries {
+		base := e.StoreBase(l.keyBase) // built once per key, then cached
 		s := span{e: e, from: len(l.pushes), opFrom: len(l.ops)}
 		l.pushes, s.readLonger = e.Take(now, l.pushes)
 		s.to = len(l.pushes)
 		for _, p := range l.pushes[s.from:s.to] {
 			wms := l.wms[p.Rule]
-			// The keys of a window are built once per entry and cached.
-			cur, prev := e.StoreKeys(p.Rule, p.Win, l.keyBase, l.keyFns[p.Rule])
-			op := store.Op{Key: cur, Delta: p.Delta}
+			// Counters are named by their parts: the store writes the
+			// name without building a string.
+			op := store.Op{Base: base, WindowMs: wms, ID: p.Win, Delta: p.Delta}
 			if p.ExpireCur {
 				op.ExpireAt = store.ExpireAt(wms, p.Win)
 			}
 			l.ops = append(l.ops, op)
 			if p.Prev {
-				op := store.Op{Key: prev, Delta: p.PrevDelta}
+				op := store.Op{Base: base, WindowMs: wms, ID: p.Win - 1, Delta: p.PrevDelta}
 				if p.ExpirePrev {
 					op.ExpireAt = store.ExpireAt(wms, p.Win-1)
 				}

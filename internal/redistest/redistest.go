@@ -85,6 +85,7 @@ type Proxy struct {
 
 	mu    sync.Mutex
 	down  bool
+	drop  bool // discard the server's replies
 	conns map[net.Conn]bool
 }
 
@@ -119,11 +120,26 @@ func (p *Proxy) Down() {
 	clear(p.conns)
 }
 
-// Up accepts connections again.
+// Up accepts connections again and forwards replies again.
 func (p *Proxy) Up() {
 	p.mu.Lock()
-	p.down = false
+	p.down, p.drop = false, false
 	p.mu.Unlock()
+}
+
+// DropReplies keeps forwarding commands to the server but discards its
+// replies, until Up: the server executes what it is sent, and the client
+// never learns it did (a reply lost on the way).
+func (p *Proxy) DropReplies() {
+	p.mu.Lock()
+	p.drop = true
+	p.mu.Unlock()
+}
+
+func (p *Proxy) dropping() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.drop
 }
 
 func (p *Proxy) serve() {
@@ -146,16 +162,16 @@ func (p *Proxy) serve() {
 		}
 		p.conns[c], p.conns[s] = true, true
 		p.mu.Unlock()
-		go p.pipe(c, s)
-		go p.pipe(s, c)
+		go p.pipe(c, s, true)
+		go p.pipe(s, c, false)
 	}
 }
 
-func (p *Proxy) pipe(dst, src net.Conn) {
+func (p *Proxy) pipe(dst, src net.Conn, replies bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 {
+		if n > 0 && !(replies && p.dropping()) {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				break
 			}
