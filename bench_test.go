@@ -42,48 +42,59 @@ func BenchmarkAllow(b *testing.B) {
 		for _, nkeys := range []int{1, 10_000, 1_000_000} {
 			for _, nrules := range []int{1, 4} {
 				name := fmt.Sprintf("mode=%v/keys=%d/rules=%d", mode, nkeys, nrules)
+				// One limiter per configuration, filled once and shared by
+				// every round of b.N (filling a million keys takes seconds).
+				var l *hybridlimit.Limiter
+				var keys []string
 				b.Run(name, func(b *testing.B) {
-					cfg := hybridlimit.Config{Rules: benchRules[nrules], Mode: mode, MaxKeys: 2 * nkeys}
-					if mode == hybridlimit.ModeAsync {
-						// The sync loop's own cost is BenchmarkSyncCycle's:
-						// here only decisions run.
-						cfg.Store, cfg.Manual = store.NewMemory(nil), true
-					}
-					l, err := hybridlimit.New(cfg)
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer func() {
-						b.StopTimer() // Close flushes the async table: not a decision
-						_ = l.Close(context.Background())
-					}()
-					keys := benchKeys(nkeys)
-					ctx := context.Background()
-					for _, k := range keys { // warm: every key tracked
-						if _, err := l.Allow(ctx, k); err != nil {
+					if l == nil {
+						cfg := hybridlimit.Config{Rules: benchRules[nrules], Mode: mode, MaxKeys: 2 * nkeys}
+						if mode == hybridlimit.ModeAsync {
+							// The sync loop's own cost is BenchmarkSyncCycle's:
+							// here only decisions run.
+							cfg.Store, cfg.Manual = store.NewMemory(nil), true
+						}
+						var err error
+						if l, err = hybridlimit.New(cfg); err != nil {
 							b.Fatal(err)
 						}
-					}
-					var gid atomic.Int64
-					b.ReportAllocs()
-					b.ResetTimer()
-					b.RunParallel(func(pb *testing.PB) {
-						// Goroutine g takes keys g, g+P, g+2P... (distinct keys
-						// unless there is only one).
-						g := int(gid.Add(1) - 1)
-						i := g
-						for pb.Next() {
-							res, err := l.Allow(ctx, keys[i%nkeys])
-							if err != nil || !res.Allowed {
-								b.Fatal(err, res)
+						keys = benchKeys(nkeys)
+						for _, k := range keys { // warm: every key tracked
+							if _, err := l.Allow(context.Background(), k); err != nil {
+								b.Fatal(err)
 							}
-							i += 2
 						}
-					})
+					}
+					benchAllow(b, l, keys)
 				})
+				if l != nil {
+					_ = l.Close(context.Background())
+				}
 			}
 		}
 	}
+}
+
+func benchAllow(b *testing.B, l *hybridlimit.Limiter, keys []string) {
+	ctx := context.Background()
+	n := len(keys)
+	var gid atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		// Goroutine g takes keys g, g+2, g+4... (distinct keys unless
+		// there is only one).
+		i := int(gid.Add(1)-1) % n
+		for pb.Next() {
+			res, err := l.Allow(ctx, keys[i])
+			if err != nil || !res.Allowed {
+				b.Fatal(err, res)
+			}
+			if i += 2; i >= n {
+				i = (i - n) % n
+			}
+		}
+	})
 }
 
 // BenchmarkSyncCycle times one sync cycle of 100k touched keys (push and
