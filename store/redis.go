@@ -160,8 +160,23 @@ func (s *Redis) Apply(ctx context.Context, ops []Op) error {
 	return nil
 }
 
-// Take implements Store.
+// Take implements Store. On the fast path (a standalone client), the whole
+// batch is one script call on the store's own connection; otherwise one
+// EVALSHA per request, all in one go-redis pipeline.
 func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
+	if s.raw != nil {
+		ok := reqs[:0:0]
+		for _, r := range reqs {
+			if r.Err = r.check(); r.Err == nil {
+				ok = append(ok, r)
+			}
+		}
+		if len(ok) == 0 {
+			return nil
+		}
+		s.calls.Add(1)
+		return s.raw.take(ctx, ok)
+	}
 	cmds := make([]*redis.Cmd, len(reqs))
 	args := make([][]any, len(reqs))
 	pipe := s.c.Pipeline()
