@@ -113,17 +113,30 @@ func (r Rule) String() string {
 
 // Limits of the configuration.
 const (
-	MaxRules     = 16
-	MaxLimit     = 1 << 40
-	MaxWindow    = 366 * 24 * time.Hour
+	// MaxRules is the most rules a Config may hold.
+	MaxRules = 16
+	// MaxLimit is the largest Rule.Limit.
+	MaxLimit = 1 << 40
+	// MaxWindow is the longest Rule.Window.
+	MaxWindow = 366 * 24 * time.Hour
+	// MaxKeyLenCap is the largest Config.MaxKeyLen.
 	MaxKeyLenCap = 1 << 16
+)
 
-	DefaultSyncRate     = 100 * time.Millisecond
-	DefaultMaxKeys      = 1 << 20
-	DefaultMaxKeyLen    = 1024
-	DefaultPrefix       = "hl"
+// Defaults of the configuration, used where a field is zero.
+const (
+	// DefaultSyncRate is Config.SyncRate's default in ModeAsync.
+	DefaultSyncRate = 100 * time.Millisecond
+	// DefaultMaxKeys is Config.MaxKeys's default.
+	DefaultMaxKeys = 1 << 20
+	// DefaultMaxKeyLen is Config.MaxKeyLen's default, in bytes.
+	DefaultMaxKeyLen = 1024
+	// DefaultPrefix is Config.Prefix's default.
+	DefaultPrefix = "hl"
+	// DefaultStoreTimeout is Config.StoreTimeout's default.
 	DefaultStoreTimeout = time.Second
-	DefaultClockSync    = 10 * time.Second
+	// DefaultClockSync is Config.ClockSync's default.
+	DefaultClockSync = 10 * time.Second
 )
 
 // Config configures a Limiter. Only Rules is required; every other field's
@@ -273,8 +286,8 @@ func (c Config) validate() (Config, error) {
 	if c.MaxKeys == 0 {
 		c.MaxKeys = DefaultMaxKeys
 	}
-	if c.MaxKeys < 1 || c.MaxKeys > 1<<31 {
-		return c, fmt.Errorf("hybridlimit: Config.MaxKeys is %d, want 1 to %d", c.MaxKeys, 1<<31)
+	if c.MaxKeys < 1 || int64(c.MaxKeys) > 1<<31 {
+		return c, fmt.Errorf("hybridlimit: Config.MaxKeys is %d, want 1 to %d", c.MaxKeys, int64(1)<<31)
 	}
 	if c.MaxKeyLen == 0 {
 		c.MaxKeyLen = DefaultMaxKeyLen

@@ -48,6 +48,9 @@ if [ -n "$unformatted" ]; then echo "gofmt would change:"; echo "$unformatted"; 
 echo "== go vet"
 go vet "${pkgs[@]}"
 
+echo "== 32-bit build (GOARCH=386)"
+GOARCH=386 go build "${pkgs[@]}"
+
 echo "== staticcheck ($STATICCHECK)"
 go run "$STATICCHECK" "${pkgs[@]}"
 

@@ -88,10 +88,10 @@ func usagef(format string, a ...any) error { return &usageError{fmt.Sprintf(form
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard) // errors are reported once, by run; -h prints the usage below
 	fs.IntVar(&o.Nodes, "nodes", 10, "number of limiter `nodes` sharing the store (1 to 1000)")
 	fs.DurationVar(&o.Duration, "duration", 60*time.Second, "scenario length (virtual time; wall time with -realtime)")
-	fs.Float64Var(&o.Rate, "rate", 0, "total requests per `second` over all nodes; 0: overload × keys × the tightest rule's limit per second")
+	fs.Float64Var(&o.Rate, "rate", 0, "total requests per second over all nodes; 0: overload × keys × the tightest rule's limit per second")
 	fs.Float64Var(&o.Overload, "overload", 0, "offered load as a multiple of the limit, when -rate is 0 (default 2, or 0.8 for -pattern under)")
 	fs.IntVar(&o.Keys, "keys", 0, "number of distinct keys (default 10, or 1000 for -pattern zipf)")
 	fs.Float64Var(&o.Zipf, "zipf", 1.1, "Zipf exponent s > 1 of key popularity for -pattern zipf")
@@ -115,6 +115,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.Prefix, "prefix", "", "store key `prefix` of the run (default: random per run), one per configuration with a suffix")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fs.Usage()
 			return nil, err
 		}
 		return nil, &usageError{err.Error()}

@@ -48,13 +48,13 @@ type Store interface {
 // WindowMs, ID) would name it: the sync loop passes the parts, so that a
 // store that writes the name straight onto the wire builds no string.
 type Op struct {
-	Key      string
-	Base     string // from KeyBase
-	WindowMs int64
-	ID       int64
-	Delta    int64 // added to the counter; 0 reads it only
-	ExpireAt int64 // Unix milliseconds; 0 leaves the expiry alone
-	Total    int64 // out: the counter's value after the operation
+	Key      string // the counter's key; empty: named by the next three fields
+	Base     string // the user key's prefix, from KeyBase
+	WindowMs int64  // the window size, milliseconds
+	ID       int64  // the window id
+	Delta    int64  // added to the counter; 0 reads it only
+	ExpireAt int64  // Unix milliseconds; 0 leaves the expiry alone
+	Total    int64  // out: the counter's value after the operation
 }
 
 // Name returns the counter's key.
@@ -78,9 +78,9 @@ func (op *Op) appendName(b []byte) []byte {
 
 // TakeRule is one rule of a TakeRequest.
 type TakeRule struct {
-	Limit    int64
-	WindowMs int64
-	Fixed    bool // fixed window: the previous window does not count
+	Limit    int64 // cost admitted per window
+	WindowMs int64 // window size, milliseconds
+	Fixed    bool  // fixed window: the previous window does not count
 }
 
 // TakeRequest is one decision made in the store (the synchronous mode). The
@@ -95,18 +95,18 @@ type TakeRule struct {
 // CountDenied is set and Peek is false, Cost is added to every cur_i
 // counter, and a counter created by that sets its expiry to ExpireAt[i].
 type TakeRequest struct {
-	Keys        []string
-	Rules       []TakeRule
-	ExpireAt    []int64 // Unix ms, per rule
-	NowUs       int64   // the decision's instant, Unix microseconds
-	Cost        int64
-	Peek        bool
-	CountDenied bool
+	Keys        []string   // per rule: the current window's counter, then the previous one's
+	Rules       []TakeRule // the rules, in order
+	ExpireAt    []int64    // per rule: expiry of a current counter this request creates, Unix ms
+	NowUs       int64      // the decision's instant, Unix microseconds
+	Cost        int64      // added to every rule's current counter when admitted
+	Peek        bool       // decide only: change nothing
+	CountDenied bool       // add Cost even when denied (the penalty)
 
 	// Results.
-	Allowed bool
+	Allowed bool    // whether every rule admitted the request
 	Counts  []int64 // per rule: cur after the operation, then prev (2 per rule); allocated by the caller
-	Err     error
+	Err     error   // what went wrong with this request alone
 }
 
 // Epsilon absorbs floating-point error in the sliding-window comparison.
