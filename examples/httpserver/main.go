@@ -85,9 +85,17 @@ func run(c config, log *slog.Logger) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err = srv.Shutdown(shutdown)
-	// Close pushes what this node admitted since its last sync.
-	return errors.Join(err, l.Close(shutdown))
+	// Close pushes what this node admitted since its last sync; then the
+	// store's own connections and the Redis client can go.
+	err = errors.Join(err, l.Close(shutdown))
+	for _, c := range closers {
+		err = errors.Join(err, c())
+	}
+	return err
 }
+
+// closers close what newServer opened for Redis, after the limiter.
+var closers []func() error
 
 // newServer builds the limiter and the rate-limited handler.
 func newServer(c config, log *slog.Logger) (*hybridlimit.Limiter, http.Handler, error) {
@@ -101,7 +109,9 @@ func newServer(c config, log *slog.Logger) (*hybridlimit.Limiter, http.Handler, 
 	}
 	if c.redisAddr != "" {
 		rdb := redis.NewClient(&redis.Options{Addr: c.redisAddr})
-		cfg.Store, cfg.Prefix = store.NewRedis(rdb), c.prefix
+		st := store.NewRedis(rdb)
+		closers = append(closers, st.Close, rdb.Close)
+		cfg.Store, cfg.Prefix = st, c.prefix
 		cfg.Mode, cfg.SyncRate = hybridlimit.ModeAsync, c.syncRate
 		if c.syncRate == 0 {
 			cfg.Mode = hybridlimit.ModeSynchronous
