@@ -9,9 +9,10 @@ import (
 	"fmt"
 )
 
-// takeBatchScript decides a whole batch of TakeRequests in one script call,
-// in order, each exactly as takeScript does. It is only legal where every
-// key lives on one server (the fast path's standalone Redis).
+// takeBatchScript decides a batch of TakeRequests in one script call, in
+// order, each atomically (see TakeRequest). A batch of several requests is
+// only legal where every key lives on one server (the fast path's
+// standalone Redis); through go-redis, each call carries one request.
 // KEYS: every request's keys, one request after the other.
 // ARGV: the number of requests, then per request: rules, cost, flags,
 // now_us, then per rule: limit, window_ms, fixed, expire_at_ms.

@@ -12,45 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// takeScript decides one TakeRequest atomically (see its doc).
-// KEYS: cur_1, prev_1, ..., cur_n, prev_n.
-// ARGV: now_us, cost, flags (1 peek, 2 count denied), then per rule: limit,
-// window_ms, fixed (0 or 1), expire_at_ms.
-// Reply: {allowed (0 or 1), cur_1, prev_1, ..., cur_n, prev_n}.
-const takeScript = `
-local now = tonumber(ARGV[1])
-local cost = tonumber(ARGV[2])
-local flags = tonumber(ARGV[3])
-local peek = flags % 2 == 1
-local penalty = math.floor(flags / 2) % 2 == 1
-local n = #KEYS / 2
-local cur, prev = {}, {}
-local ok = 1
-for i = 1, n do
-  local a = 4 + (i - 1) * 4
-  local limit, w, fixed = tonumber(ARGV[a]), tonumber(ARGV[a + 1]) * 1000, ARGV[a + 2] == '1'
-  local c = tonumber(redis.call('GET', KEYS[2 * i - 1]) or '0')
-  local p = 0
-  if not fixed then p = tonumber(redis.call('GET', KEYS[2 * i]) or '0') end
-  cur[i], prev[i] = c, p
-  local est = c
-  if p > 0 then est = est + p * (w - now % w) / w end
-  if est + cost > limit + 1e-9 then ok = 0 end
-end
-if not peek and (ok == 1 or penalty) then
-  for i = 1, n do
-    local v = redis.call('INCRBY', KEYS[2 * i - 1], cost)
-    if v == cost then redis.call('PEXPIREAT', KEYS[2 * i - 1], ARGV[4 + (i - 1) * 4 + 3]) end
-    cur[i] = v
-  end
-end
-local out = {ok}
-for i = 1, n do
-  out[#out + 1] = cur[i]
-  out[#out + 1] = prev[i]
-end
-return out
-`
 
 // Redis is a Store on a Redis server, Sentinel group or Cluster, through a
 // go-redis client the caller owns (and closes). Apply is one pipeline of
@@ -86,7 +47,7 @@ func ViaClient() RedisOption {
 
 // NewRedis returns a store on the client c.
 func NewRedis(c redis.UniversalClient, opts ...RedisOption) *Redis {
-	s := &Redis{c: c, raw: newRawPipe(c), script: redis.NewScript(takeScript)}
+	s := &Redis{c: c, raw: newRawPipe(c), script: redis.NewScript(takeBatchScript)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -194,8 +155,10 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 		if r.CountDenied {
 			flags |= 2
 		}
-		a := make([]any, 0, 3+4*len(r.Rules))
-		a = append(a, r.NowUs, r.Cost, flags)
+		// The batch script with a batch of one: in Redis Cluster, only one
+		// request's keys are sure to share a hash slot.
+		a := make([]any, 0, 5+4*len(r.Rules))
+		a = append(a, 1, len(r.Rules), r.Cost, flags, r.NowUs)
 		for j, rule := range r.Rules {
 			fixed := 0
 			if rule.Fixed {
