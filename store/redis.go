@@ -12,7 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-
 // Redis is a Store on a Redis server, Sentinel group or Cluster, through a
 // go-redis client the caller owns (and closes). Apply is one pipeline of
 // INCRBY, PEXPIREAT and GET commands; Take runs one Lua script per request,
