@@ -14,8 +14,8 @@ import (
 
 // Redis is a Store on a Redis server, Sentinel group or Cluster, through a
 // go-redis client the caller owns (and closes). Apply is one pipeline of
-// INCRBY, PEXPIREAT and GET commands; Take runs one Lua script per request,
-// all requests of a call in one pipeline. In Redis Cluster, every counter of
+// INCRBY, PEXPIREAT and GET commands; Take runs one Lua script call per
+// request, all requests of a call in one pipeline. In Redis Cluster, every counter of
 // a user key shares one hash slot, and go-redis splits pipelines by node.
 //
 // With a standalone client (*redis.Client), Apply writes its pipelines on
