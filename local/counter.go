@@ -79,19 +79,6 @@ func (c *Counter) CompareAndAdd(w Word, n int64) bool {
 	return c.word.CompareAndSwap(uint64(w), next)
 }
 
-// Add adds n to the pending count unconditionally (used for penalties).
-func (c *Counter) Add(n int64) Word {
-	for {
-		w := c.Load()
-		if !w.Rolling() && c.CompareAndAdd(w, n) {
-			return w
-		}
-		if w.Rolling() {
-			return 0 // caller retries after the rollover
-		}
-	}
-}
-
 // Entry is the state of one user key on this node: a Counter per rule, the
 // time of the last decision, and bookkeeping for the sync loop and the
 // evictor. Entries are created by Table; they are safe for concurrent use.

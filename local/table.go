@@ -65,9 +65,6 @@ func NewTable(windows []int64, maxKeys int, syncing bool) *Table {
 	return t
 }
 
-// Syncing reports whether the table keeps state for a sync loop.
-func (t *Table) Syncing() bool { return t.syncing }
-
 // Windows returns the window size of each rule in nanoseconds. The caller
 // must not modify the slice.
 func (t *Table) Windows() []int64 { return t.windows }
@@ -120,13 +117,6 @@ func (t *Table) Drain(dst []*Entry) []*Entry {
 		e.queued.Store(false)
 	}
 	return dst
-}
-
-// Queued returns the number of entries waiting for the next sync cycle.
-func (t *Table) Queued() int {
-	t.qmu.Lock()
-	defer t.qmu.Unlock()
-	return len(t.queue)
 }
 
 // AddDropped records increments discarded because they belonged to windows

@@ -125,7 +125,9 @@ func Admits(limit, windowMs, nowUs int64, fixed bool, cur, prev, cost int64) boo
 	return est+float64(cost) <= float64(limit)+Epsilon
 }
 
-// ErrUnavailable wraps errors returned by a store that could not be reached.
+// ErrUnavailable is a sentinel for Store implementations and wrappers (the
+// simulation's outage, for one) to wrap when the store cannot be reached.
+// The stores of this package return the underlying network error instead.
 var ErrUnavailable = errors.New("store unavailable")
 
 // KeyBase returns the part of a counter key shared by every counter of
