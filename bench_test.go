@@ -105,7 +105,7 @@ func BenchmarkSyncCycle(b *testing.B) {
 	l, err := hybridlimit.New(hybridlimit.Config{
 		Rules:        benchRules[1],
 		Mode:         hybridlimit.ModeAsync,
-		Store:        store.NewRedis(c),
+		Store:        redistest.Store(b, c),
 		Prefix:       redistest.Prefix(b),
 		Manual:       true,
 		StoreTimeout: 10 * time.Second,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/benbjohnson/clock"
 
+	"github.com/hybridlimit/hybridlimit/local"
 	"github.com/hybridlimit/hybridlimit/store"
 )
 
@@ -45,30 +46,6 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", uint8(m))
 }
 
-// WindowType selects how a Rule counts. The zero value is Sliding.
-type WindowType uint8
-
-const (
-	// Sliding estimates the count over the last Window as the current
-	// window's count plus the previous window's count weighted by how much
-	// of it the last Window still covers.
-	Sliding WindowType = iota
-	// Fixed counts requests in windows aligned to multiples of Window since
-	// the Unix epoch; the count restarts at zero at every boundary.
-	Fixed
-)
-
-// String returns "sliding" or "fixed".
-func (t WindowType) String() string {
-	switch t {
-	case Sliding:
-		return "sliding"
-	case Fixed:
-		return "fixed"
-	}
-	return fmt.Sprintf("WindowType(%d)", uint8(t))
-}
-
 // FailurePolicy says what a Limiter decides while its store fails, or while
 // its table of keys is full. The zero value is FailOpen.
 type FailurePolicy uint8
@@ -93,28 +70,10 @@ func (p FailurePolicy) String() string {
 	return fmt.Sprintf("FailurePolicy(%d)", uint8(p))
 }
 
-// Rule admits at most Limit units of cost per Window for each key. The zero
-// value is not a valid rule.
-type Rule struct {
-	// Limit is the cost admitted per window, 1 to MaxLimit.
-	Limit int64
-	// Window is the window size: a whole number of milliseconds from 1ms
-	// to MaxWindow. Windows are aligned to multiples of Window since the
-	// Unix epoch (a day window starts at 00:00 UTC).
-	Window time.Duration
-	// Type is Sliding (the default) or Fixed.
-	Type WindowType
-}
-
-// String returns the rule in the form "100/1m0s sliding".
-func (r Rule) String() string {
-	return fmt.Sprintf("%d/%v %v", r.Limit, r.Window, r.Type)
-}
-
 // Limits of the configuration.
 const (
 	// MaxRules is the most rules a Config may hold.
-	MaxRules = 16
+	MaxRules = local.MaxRules
 	// MaxLimit is the largest Rule.Limit.
 	MaxLimit = 1 << 40
 	// MaxWindow is the longest Rule.Window.
@@ -137,6 +96,9 @@ const (
 	DefaultStoreTimeout = time.Second
 	// DefaultClockSync is Config.ClockSync's default.
 	DefaultClockSync = 10 * time.Second
+	// DefaultCloseTimeout bounds Close's final push when its context has
+	// no deadline.
+	DefaultCloseTimeout = 10 * time.Second
 )
 
 // Config configures a Limiter. Only Rules is required; every other field's
@@ -242,15 +204,8 @@ func (c Config) validate() (Config, error) {
 	}
 	c.Rules = append([]Rule(nil), c.Rules...)
 	for i, r := range c.Rules {
-		switch {
-		case r.Limit < 1 || r.Limit > MaxLimit:
-			return c, fmt.Errorf("hybridlimit: Config.Rules[%d].Limit is %d, want 1 to %d", i, r.Limit, int64(MaxLimit))
-		case r.Window < time.Millisecond || r.Window > MaxWindow:
-			return c, fmt.Errorf("hybridlimit: Config.Rules[%d].Window is %v, want 1ms to %v", i, r.Window, MaxWindow)
-		case r.Window%time.Millisecond != 0:
-			return c, fmt.Errorf("hybridlimit: Config.Rules[%d].Window is %v, want a whole number of milliseconds", i, r.Window)
-		case r.Type > Fixed:
-			return c, fmt.Errorf("hybridlimit: Config.Rules[%d].Type is %v, want Sliding or Fixed", i, r.Type)
+		if err := r.validate(i); err != nil {
+			return c, err
 		}
 		for j := range i {
 			if c.Rules[j].Window == r.Window {

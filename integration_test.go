@@ -22,7 +22,7 @@ import (
 
 func redisNodes(t *testing.T, c redis.UniversalClient, n int, cfg hybridlimit.Config) []*hybridlimit.Limiter {
 	t.Helper()
-	cfg.Store = store.NewRedis(c)
+	cfg.Store = redistest.Store(t, c)
 	if cfg.Prefix == "" {
 		cfg.Prefix = redistest.Prefix(t)
 	}
@@ -39,7 +39,7 @@ func redisNodes(t *testing.T, c redis.UniversalClient, n int, cfg hybridlimit.Co
 func counter(t *testing.T, c redis.UniversalClient, prefix, key string, window time.Duration, at time.Time) int64 {
 	t.Helper()
 	wms := window.Milliseconds()
-	k := store.CounterKey(store.KeyBase(prefix, key), wms, at.UnixMilli()/wms)
+	k := store.CounterKey(prefix, store.Counter{Key: key, Window: wms, ID: at.UnixMilli() / wms})
 	v, err := c.Get(context.Background(), k).Int64()
 	if err == redis.Nil {
 		return 0
@@ -220,7 +220,7 @@ func TestRedisCloseFlushes(t *testing.T) {
 	assert.Equal(t, int64(14), counter(t, c, pfx, "flush", time.Hour, time.Now()))
 	// The counter expires after the next window.
 	wms := time.Hour.Milliseconds()
-	ttl, err := c.PTTL(ctx, store.CounterKey(store.KeyBase(pfx, "flush"), wms, time.Now().UnixMilli()/wms)).Result()
+	ttl, err := c.PTTL(ctx, store.CounterKey(pfx, store.Counter{Key: "flush", Window: wms, ID: time.Now().UnixMilli() / wms})).Result()
 	require.NoError(t, err)
 	assert.Greater(t, ttl, time.Hour)
 	assert.LessOrEqual(t, ttl, 2*time.Hour+time.Minute)

@@ -265,7 +265,7 @@ func TestAsyncNodesConvergeOnTheClusterTotal(t *testing.T) {
 		assert.Equal(t, int64(40), res.Remaining, "node %d sees the cluster's 60", i)
 	}
 	id := t0.UnixMilli() / 60_000
-	assert.Equal(t, int64(60), mem.Get(store.CounterKey(store.KeyBase("hl", "k"), 60_000, id)))
+	assert.Equal(t, int64(60), mem.Get("hl", store.Counter{Key: "k", Window: 60_000, ID: id}))
 
 	// Each node can now admit only what the cluster has left (40), until
 	// the next sync brings the others' admissions.
@@ -287,7 +287,7 @@ func TestAsyncNodesConvergeOnTheClusterTotal(t *testing.T) {
 		require.NoError(t, err)
 		assert.False(t, res.Allowed)
 	}
-	assert.Equal(t, int64(180), mem.Get(store.CounterKey(store.KeyBase("hl", "k"), 60_000, id)))
+	assert.Equal(t, int64(180), mem.Get("hl", store.Counter{Key: "k", Window: 60_000, ID: id}))
 
 	// Across the rollover, every node reads the previous window's total
 	// from the store: 180 weighs 180·(45/60) = 135 at 15 s in.
@@ -339,16 +339,22 @@ type flaky struct {
 
 var errDown = errors.New("store down")
 
-func (f *flaky) Apply(ctx context.Context, ops []store.Op) error {
+func (f *flaky) Push(ctx context.Context, batches []*store.Batch) error {
 	if f.down.Load() {
-		return errDown
+		for _, b := range batches {
+			b.Status, b.Err = store.Failed, errDown
+		}
+		return nil
 	}
-	return f.Store.Apply(ctx, ops)
+	return f.Store.Push(ctx, batches)
 }
 
 func (f *flaky) Take(ctx context.Context, reqs []*store.TakeRequest) error {
 	if f.down.Load() {
-		return errDown
+		for _, r := range reqs {
+			r.Status, r.Err = store.Failed, errDown
+		}
+		return nil
 	}
 	return f.Store.Take(ctx, reqs)
 }
@@ -365,6 +371,7 @@ func TestFailurePolicies(t *testing.T) {
 				nodes, _, _ := newNodes(t, 1, Config{Rules: []Rule{{Limit: 10, Window: time.Hour}}, Mode: mode, Store: f, FailurePolicy: policy,
 					OnError: func(err error) { seen.Add(1) }})
 				l := nodes[0]
+				t.Cleanup(func() { f.down.Store(false) }) // before Close flushes
 				ctx := context.Background()
 				for range 4 {
 					res, err := l.Allow(ctx, "k")
@@ -400,7 +407,7 @@ func TestFailurePolicies(t *testing.T) {
 				f.down.Store(false)
 				require.NoError(t, l.Sync(ctx))
 				id := t0.UnixMilli() / 3_600_000
-				assert.Equal(t, int64(10), mem.Get(store.CounterKey(store.KeyBase("hl", "k"), 3_600_000, id)), "the store caught up")
+				assert.Equal(t, int64(10), mem.Get("hl", store.Counter{Key: "k", Window: 3_600_000, ID: id}), "the store caught up")
 				assert.Equal(t, int64(0), l.Stats().Pending)
 				res, err := l.Allow(ctx, "k")
 				require.NoError(t, err)
@@ -427,9 +434,9 @@ func TestCloseFlushesPendingIncrements(t *testing.T) {
 		require.NoError(t, l.Close(ctx), "Close twice is fine")
 	}
 	for k := range 5 {
-		base := store.KeyBase("hl", fmt.Sprint("key", k))
-		assert.Equal(t, int64(3), mem.Get(store.CounterKey(base, 60_000, t0.UnixMilli()/60_000)))
-		assert.Equal(t, int64(3), mem.Get(store.CounterKey(base, 3_600_000, t0.UnixMilli()/3_600_000)))
+		key := fmt.Sprint("key", k)
+		assert.Equal(t, int64(3), mem.Get("hl", store.Counter{Key: key, Window: 60_000, ID: t0.UnixMilli() / 60_000}))
+		assert.Equal(t, int64(3), mem.Get("hl", store.Counter{Key: key, Window: 3_600_000, ID: t0.UnixMilli() / 3_600_000}))
 	}
 }
 

@@ -19,21 +19,34 @@ type Stats struct {
 	// Pending is the increments not yet acknowledged by the store.
 	Pending int64
 	// Dropped counts increments discarded unpushed because their window
-	// could no longer influence a decision (the store was unreachable for
-	// longer than a window).
+	// could no longer influence a decision and the store did not take them
+	// for several windows (it was unreachable, or the sync loop lagged that
+	// far behind).
 	Dropped uint64
-	// SyncCycles counts sync cycles that reached out to the store, and
+	// SyncCycles counts sync cycles that had something to send, and
 	// SyncErrors the store calls that failed (cycles, clock reads and
 	// synchronous decisions).
 	SyncCycles, SyncErrors uint64
-	// StoreCalls counts round trips to the store: sync cycles, clock reads
+	// StoreCalls counts round trips to the store: sync pushes, clock reads
 	// and batches of synchronous decisions.
 	StoreCalls uint64
-	// KeysPushed counts counter operations sent by sync cycles.
+	// KeysPushed counts counter operations the store applied for sync
+	// cycles.
 	KeysPushed uint64
-	// LastSyncLatency is the duration of the last successful cycle's round
-	// trip.
+	// LastSyncLatency is the round trip of the last successful push.
 	LastSyncLatency time.Duration
+	// SyncPeriod is the time between the starts of the last two sync
+	// cycles: SyncRate while the loop keeps up, more when a cycle takes
+	// longer than SyncRate (many keys, a slow store) or the loop backs off
+	// while the store fails. Async decisions see the other nodes' counts
+	// up to SyncPeriod plus a round trip late. SyncCycleTime is the last
+	// cycle's duration and SyncCycleKeys the keys it handled.
+	SyncPeriod, SyncCycleTime time.Duration
+	SyncCycleKeys             int
+	// InDoubt counts batches of increments sent to the store whose answer
+	// was lost; they are sent again, unchanged, until the store answers,
+	// which applies each exactly once.
+	InDoubt int
 	// StoreFailing reports whether the last store call failed, and
 	// LastError holds the last store error (nil if none).
 	StoreFailing bool
@@ -48,27 +61,28 @@ type Stats struct {
 // monitoring, not per request.
 func (l *Limiter) Stats() Stats {
 	t := l.table.Stats()
-	s := l.loop.Stats()
 	st := Stats{
-		Allowed:         t.Allowed + l.untrackedAllowed.Load(),
-		Denied:          t.Denied + l.untrackedDenied.Load(),
-		Degraded:        l.degraded.Load(),
-		Overflow:        l.overflow.Load(),
-		Keys:            t.Keys,
-		Evicted:         t.Evicted,
-		Pending:         t.Unsynced,
-		Dropped:         t.Dropped,
-		SyncCycles:      s.Cycles,
-		SyncErrors:      s.Errors,
-		StoreCalls:      s.StoreCalls,
-		KeysPushed:      s.KeysPushed,
-		LastSyncLatency: s.LastLatency,
-		StoreFailing:    s.Failing,
-		LastError:       s.LastError,
-		ClockOffset:     s.Offset,
+		Allowed:  t.Allowed + l.untrackedAllowed.Load(),
+		Denied:   t.Denied + l.untrackedDenied.Load(),
+		Degraded: l.degraded.Load(),
+		Overflow: l.overflow.Load(),
+		Keys:     t.Keys,
+		Evicted:  t.Evicted,
+		Pending:  t.Unsynced,
+		Dropped:  t.Dropped,
 	}
-	if l.batch != nil {
-		st.StoreCalls += l.batch.calls.Load()
+	if l.loop != nil {
+		s := l.loop.Stats()
+		st.SyncCycles, st.SyncErrors = s.Cycles, s.Errors
+		st.StoreCalls, st.KeysPushed = s.StoreCalls, s.KeysPushed
+		st.LastSyncLatency = s.LastLatency
+		st.SyncPeriod, st.SyncCycleTime, st.SyncCycleKeys = s.Period, s.CycleTime, s.CycleKeys
+		st.InDoubt = s.InDoubt
+		st.StoreFailing, st.LastError = s.Failing, s.LastError
+		st.ClockOffset = s.Offset
+	}
+	if l.sync != nil {
+		st.StoreCalls += l.sync.calls.Load()
 	}
 	return st
 }

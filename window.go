@@ -1,126 +1,116 @@
 package hybridlimit
 
 import (
-	"math"
+	"fmt"
+	"sync/atomic"
 	"time"
 
-	"github.com/hybridlimit/hybridlimit/store"
+	"github.com/benbjohnson/clock"
+
+	"github.com/hybridlimit/hybridlimit/local"
 )
 
-// Window arithmetic. Every instant is an int64 of nanoseconds since the Unix
-// epoch; windows of size W are aligned to multiples of W since the epoch, so
-// a minute window starts on the minute and a day window at 00:00 UTC.
+// Windows. This file holds what a user configures about windows (Rule and
+// WindowType) and when a decision happens: the instant every node reads,
+// on one clock for the whole cluster. How much a window holds — the
+// counts, the sliding estimate, remaining, retry-after and reset — is
+// computed in package local, next to the counters (local/window.go), so
+// that every formula is defined once and a counter's state changes in one
+// package.
 //
-// A sliding window estimates the count over the last W as
-//
-//	estimate = prev·(W − e)/W + cur
-//
-// where e is the time elapsed in the current window, cur its count and prev
-// the count of the window before (Kong's and Cloudflare's definition). A
-// fixed window is the same with the previous window's weight at zero.
+// Windows of size W are aligned to multiples of W since the Unix epoch (a
+// minute window starts on the minute, a day window at 00:00 UTC) on the
+// store's clock: in ModeAsync and ModeSynchronous every node measures its
+// offset to the store's clock (Store.Time) every Config.ClockSync and adds
+// it to its own clock, so that all nodes agree on window boundaries
+// whatever their own clocks say.
 
-// rule is a validated Rule in the units the decision path uses.
-type rule struct {
-	limit  int64
-	limitF float64
-	w      int64 // window, ns
-	invW   float64
-	wms    int64 // window, ms
-	fixed  bool
-	window time.Duration
-}
+// WindowType selects how a Rule counts. The zero value is Sliding.
+type WindowType uint8
 
-func compileRule(r Rule) rule {
-	return rule{
-		limit:  r.Limit,
-		limitF: float64(r.Limit),
-		w:      int64(r.Window),
-		invW:   1 / float64(r.Window),
-		wms:    r.Window.Milliseconds(),
-		fixed:  r.Type == Fixed,
-		window: r.Window,
+const (
+	// Sliding estimates the count over the last Window as the current
+	// window's count plus the previous window's count weighted by how much
+	// of it the last Window still covers: 42 requests in the previous
+	// minute and 18 in this one, 15 s in, estimate 42·45/60 + 18 = 49.5.
+	Sliding WindowType = iota
+	// Fixed counts requests in windows aligned to multiples of Window since
+	// the Unix epoch; the count restarts at zero at every boundary.
+	Fixed
+)
+
+// String returns "sliding" or "fixed".
+func (t WindowType) String() string {
+	switch t {
+	case Sliding:
+		return "sliding"
+	case Fixed:
+		return "fixed"
 	}
+	return fmt.Sprintf("WindowType(%d)", uint8(t))
 }
 
-// counterKey returns the store key of the rule's window id for a user key
-// whose key prefix is base.
-func (r *rule) counterKey(base string, id int64) string {
-	return store.CounterKey(base, r.wms, id)
+// Rule admits at most Limit units of cost per Window for each key. The zero
+// value is not a valid rule.
+type Rule struct {
+	// Limit is the cost admitted per window, 1 to MaxLimit.
+	Limit int64
+	// Window is the window size: a whole number of milliseconds from 1ms
+	// to MaxWindow.
+	Window time.Duration
+	// Type is Sliding (the default) or Fixed.
+	Type WindowType
 }
 
-// windowOf returns the id of the window of size w holding now, and how far
-// into it now is.
-func windowOf(now, w int64) (id, elapsed int64) {
-	id, elapsed = now/w, now%w
-	if elapsed < 0 { // before the epoch: keep ids contiguous
-		id, elapsed = id-1, elapsed+w
-	}
-	return id, elapsed
+// String returns the rule in the form "100/1m0s sliding".
+func (r Rule) String() string {
+	return fmt.Sprintf("%d/%v %v", r.Limit, r.Window, r.Type)
 }
 
-// weight returns the weight of the previous window at elapsed into the
-// current one: 1 at the start, falling linearly towards 0 at the end.
-func weight(elapsed, w int64) float64 {
-	return float64(w-elapsed) / float64(w)
+// compile returns the rule as package local counts it.
+func (r Rule) compile() local.Rule {
+	return local.NewRule(r.Limit, r.Window, r.Type == Fixed)
 }
 
-// estimate returns the rule's count over its window at elapsed into the
-// current window, given the previous and current windows' counts.
-func (r *rule) estimate(prev, cur, elapsed int64) float64 {
-	if r.fixed || prev == 0 {
-		return float64(cur)
-	}
-	return float64(prev)*float64(r.w-elapsed)*r.invW + float64(cur)
-}
-
-// admits reports whether a request of cost n fits under the rule when the
-// estimate is est.
-func (r *rule) admits(est float64, n int64) bool {
-	return est+float64(n) <= r.limitF+store.Epsilon
-}
-
-// remaining returns the whole requests of cost 1 still admitted when the
-// estimate is est.
-func (r *rule) remaining(est float64) int64 {
-	left := r.limitF - est + store.Epsilon
-	if left < 0 {
-		return 0
-	}
-	return int64(left) // truncation is the floor of a non-negative value
-}
-
-// retryAfter returns how long from elapsed into the current window until a
-// request of cost n would be admitted, if no other request is admitted
-// meanwhile. It is 0 when the request is admitted now. n must not exceed
-// the limit.
-func (r *rule) retryAfter(prev, cur, elapsed, n int64) time.Duration {
-	if r.admits(r.estimate(prev, cur, elapsed), n) {
-		return 0
-	}
-	W := float64(r.w)
-	if r.fixed {
-		return time.Duration(r.w - elapsed)
-	}
-	if room := r.limitF - float64(cur+n); room >= 0 {
-		// Within this window, once the previous window's weight has
-		// fallen to room/prev.
-		at := math.Ceil(W - room*W/float64(prev))
-		return time.Duration(max(int64(at)-elapsed, 0))
-	}
-	// In the next window, where this window's count becomes the previous
-	// one: once its weight has fallen to (limit − n)/cur.
-	at := math.Ceil(W - (r.limitF-float64(n))*W/float64(cur))
-	return time.Duration(r.w - elapsed + max(int64(at), 0))
-}
-
-// resetAfter returns how long from elapsed into the current window until
-// the rule is back to its full limit, if no request is admitted meanwhile.
-func (r *rule) resetAfter(prev, cur, elapsed int64) time.Duration {
+// validate checks rule i of a Config.
+func (r Rule) validate(i int) error {
 	switch {
-	case cur > 0 && !r.fixed:
-		return time.Duration(2*r.w - elapsed)
-	case cur > 0 || (prev > 0 && !r.fixed):
-		return time.Duration(r.w - elapsed)
+	case r.Limit < 1 || r.Limit > MaxLimit:
+		return fmt.Errorf("hybridlimit: Config.Rules[%d].Limit is %d, want 1 to %d", i, r.Limit, int64(MaxLimit))
+	case r.Window < time.Millisecond || r.Window > MaxWindow:
+		return fmt.Errorf("hybridlimit: Config.Rules[%d].Window is %v, want 1ms to %v", i, r.Window, MaxWindow)
+	case r.Window%time.Millisecond != 0:
+		return fmt.Errorf("hybridlimit: Config.Rules[%d].Window is %v, want a whole number of milliseconds", i, r.Window)
+	case r.Type > Fixed:
+		return fmt.Errorf("hybridlimit: Config.Rules[%d].Type is %v, want Sliding or Fixed", i, r.Type)
 	}
-	return 0
+	return nil
 }
+
+// clusterClock is the time every decision reads: this node's clock, read
+// exactly or through a coarse timestamp refreshed in the background, plus
+// the measured offset to the store's clock.
+type clusterClock struct {
+	clock  clock.Clock
+	exact  bool
+	coarse atomic.Int64
+	offset func() int64 // the store's clock minus this node's, ns
+}
+
+func newClusterClock(c clock.Clock, exact bool, offset func() int64) *clusterClock {
+	cc := &clusterClock{clock: c, exact: exact, offset: offset}
+	cc.coarse.Store(c.Now().UnixNano())
+	return cc
+}
+
+// now returns the current instant, ns since the Unix epoch, on the
+// cluster's clock.
+func (c *clusterClock) now() int64 {
+	if c.exact {
+		return c.clock.Now().UnixNano() + c.offset()
+	}
+	return c.coarse.Load() + c.offset()
+}
+
+// tick refreshes the coarse timestamp.
+func (c *clusterClock) tick() { c.coarse.Store(c.clock.Now().UnixNano()) }

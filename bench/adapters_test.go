@@ -93,7 +93,7 @@ func hybridAsync(tb testing.TB, rules []limit) decider {
 	return newHybrid(tb, hybridlimit.Config{
 		Rules:  hybridRules(rules),
 		Mode:   hybridlimit.ModeAsync,
-		Store:  store.NewRedis(redistest.Client(tb)),
+		Store:  redistest.Store(tb, redistest.Client(tb)),
 		Prefix: redistest.Prefix(tb),
 	})
 }
@@ -102,7 +102,7 @@ func hybridSync(tb testing.TB, rules []limit) decider {
 	return newHybrid(tb, hybridlimit.Config{
 		Rules:  hybridRules(rules),
 		Mode:   hybridlimit.ModeSynchronous,
-		Store:  store.NewRedis(redistest.Client(tb)),
+		Store:  redistest.Store(tb, redistest.Client(tb)),
 		Prefix: redistest.Prefix(tb),
 	})
 }

@@ -160,7 +160,7 @@ func benchSyncHybrid(b *testing.B, nkeys int) {
 	l, err := hybridlimit.New(hybridlimit.Config{
 		Rules:  hybridRules(oneRule),
 		Mode:   hybridlimit.ModeAsync,
-		Store:  store.NewRedis(redistest.Client(b)),
+		Store:  redistest.Store(b, redistest.Client(b)),
 		Prefix: redistest.Prefix(b),
 		Manual: true,
 		// A cycle of 100k keys takes hundreds of milliseconds on a busy

@@ -14,7 +14,6 @@ import (
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/httplimit"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
-	"github.com/hybridlimit/hybridlimit/store"
 )
 
 // node is one service instance: its own limiter and middleware behind its
@@ -43,7 +42,7 @@ func TestClusterThreeNodes(t *testing.T) {
 		for i := range nodes {
 			cfg := hybridlimit.Config{Rules: []hybridlimit.Rule{rule}, Mode: mode}
 			if mode == hybridlimit.ModeAsync {
-				cfg.Store, cfg.Prefix, cfg.SyncRate = store.NewRedis(rdb), prefix, 10*time.Millisecond
+				cfg.Store, cfg.Prefix, cfg.SyncRate = redistest.Store(t, rdb), prefix, 10*time.Millisecond
 			}
 			l, err := hybridlimit.New(cfg)
 			require.NoError(t, err)
@@ -124,7 +123,7 @@ func TestStoreFailure(t *testing.T) {
 				cfg := hybridlimit.Config{
 					Rules:         []hybridlimit.Rule{{Limit: 100, Window: time.Hour}},
 					Mode:          mode,
-					Store:         store.NewRedis(rdb),
+					Store:         redistest.Store(t, rdb),
 					Prefix:        redistest.Prefix(t),
 					FailurePolicy: policy,
 					StoreTimeout:  200 * time.Millisecond,

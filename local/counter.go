@@ -5,256 +5,208 @@ import (
 	"sync/atomic"
 )
 
-// The pending word packs, into one atomic uint64, this node's unsynced
-// increments for the counter's current window together with an epoch that
-// changes at every window rollover, and a flag set while a rollover is under
-// way. A decision reads the word first and commits its increment with a
-// compare-and-swap on the same word, so an increment can never slip into a
-// window other than the one the decision looked at.
+// MaxRules is the most rules a Table holds.
+const MaxRules = 16
+
+// The pending word packs into one atomic uint64 this node's increments of
+// a counter's current window that the sync loop has not taken yet, a flag
+// set while a rollover is under way, and a generation that changes at
+// every rollover and every take. A decision reads the word first and
+// commits its increment with a compare-and-swap on the same word, so an
+// increment can never slip into a window, or past a take, that the
+// decision did not see; and an increment can later tell, by the
+// generation, whether it is still pending (see Table.undo).
 const (
-	countBits   = 43
-	countMask   = 1<<countBits - 1
-	rollingBit  = 1 << countBits
-	epochShift  = countBits + 1
-	epochMask   = 1<<19 - 1
-	maxPending  = countMask >> 1 // saturation point, far above any valid limit
-	epochUnit   = uint64(1) << epochShift
-	wordNoEpoch = uint64(countMask | rollingBit)
+	countBits  = 43
+	countMask  = 1<<countBits - 1
+	rollingBit = 1 << countBits
+	genShift   = countBits + 1
+	genMask    = 1<<(64-genShift) - 1
+	maxPending = countMask >> 1 // saturation point, far above any valid limit
 )
 
-// Word is a snapshot of a Counter's pending word, as returned by
-// Counter.Load. It is only meaningful for the Counter it came from.
-type Word uint64
+// word is a snapshot of a counter's pending word.
+type word uint64
 
-// Count returns this node's unsynced increments recorded in w.
-func (w Word) Count() int64 { return int64(uint64(w) & countMask) }
+func (w word) count() int64  { return int64(uint64(w) & countMask) }
+func (w word) rolling() bool { return uint64(w)&rollingBit != 0 }
+func (w word) gen() uint64   { return uint64(w) >> genShift }
 
-// Rolling reports whether a window rollover was under way when w was read.
-func (w Word) Rolling() bool { return uint64(w)&rollingBit != 0 }
-
-func (w Word) epoch() uint64 { return uint64(w) >> epochShift }
-
-// Counter holds one rule's state for one key on this node. Fields read on
-// the decision path are atomics; the rest is guarded by the owning Entry's
-// mutex. A Counter is only used inside an Entry; its zero value is a
-// counter at window 0 with no counts.
-type Counter struct {
-	word     atomic.Uint64 // pending count, epoch, rolling flag
-	win      atomic.Int64  // id of the current window
-	cur      atomic.Int64  // cluster total of win as last read from the store
-	inflight atomic.Int64  // increments of win taken by the sync loop, push not yet acknowledged
-	prev     atomic.Int64  // best-known total of window win-1
-
-	// Guarded by Entry.mu.
-	prevPending   int64 // this node's increments of win-1 not yet taken by the sync loop
-	prevInflight  int64 // increments of win-1 taken by the sync loop, not yet acknowledged
-	prevReadUntil int64 // read the store's win-1 counter in sync cycles before this instant (ns)
-	expWin        int64 // highest window whose store expiry this node has set, -1 for none
-}
-
-// Load returns the pending word. Call it before Window, Prev and Synced so
-// that a later CompareAndAdd detects any rollover in between.
-func (c *Counter) Load() Word { return Word(c.word.Load()) }
-
-// Window returns the id of the counter's current window.
-func (c *Counter) Window() int64 { return c.win.Load() }
-
-// Prev returns the best-known total of the window before the current one.
-func (c *Counter) Prev() int64 { return c.prev.Load() }
-
-// Synced returns the part of the current window's total that is known from
-// the store or already on its way there: the cluster total read at the last
-// sync plus the increments being pushed now.
-func (c *Counter) Synced() int64 { return c.cur.Load() + c.inflight.Load() }
-
-// CompareAndAdd adds n to the pending count if the word is still w. It
-// reports false, changing nothing, if any other increment or a rollover
-// happened since w was loaded. A count that would pass the saturation point
-// (far above any valid limit) is clamped there.
-func (c *Counter) CompareAndAdd(w Word, n int64) bool {
-	next := uint64(w) + uint64(n)
-	if w.Count()+n > maxPending {
-		next = uint64(w)&^countMask | maxPending
+// plus returns w with n more pending, saturating far above any limit.
+func (w word) plus(n int64) word {
+	if w.count()+n > maxPending {
+		return w&^countMask | maxPending
 	}
-	return c.word.CompareAndSwap(uint64(w), next)
+	return w + word(n)
 }
 
-// Entry is the state of one user key on this node: a Counter per rule, the
-// time of the last decision, and bookkeeping for the sync loop and the
-// evictor. Entries are created by Table; they are safe for concurrent use.
-//
-// The fields a decision reads come first, and the counters of up to 8 rules
-// are allocated with the entry (see newEntry), so that a decision on a cold
-// key touches as few cache lines as possible.
-type Entry struct {
-	// C holds one Counter per rule, in rule order.
-	C []Counter
+// next returns a word with nothing pending, not rolling, and the next
+// generation after w's.
+func (w word) next() word { return word((w.gen() + 1) & genMask << genShift) }
 
-	lastSeen atomic.Int64 // ns of the last decision
-	allowed  atomic.Uint64
-	dead     atomic.Bool // evicted: decisions must retry with a fresh entry
-	queued   atomic.Bool // in the table's touched queue
-	mu       sync.Mutex
-	denied   atomic.Uint64
-
-	// Key is the user key. It never changes.
-	Key string
-
-	sk *storeKeys // the key's store keys, built on first use (guarded by mu)
+// counter is one rule's counts of one key on this node: the part that
+// every decision reads, updated with atomic operations. Its zero value is
+// window 0 with no counts.
+type counter struct {
+	word atomic.Uint64 // pending count, rolling flag, generation
+	win  atomic.Int64  // id of the current window
+	prev atomic.Int64  // best-known total of window win-1
+	// base is the part of window win's total that is not in the word: the
+	// cluster total as last read from the store plus this node's increments
+	// taken by the sync loop and not yet acknowledged (and signed
+	// adjustments, see syncState.adj). Always 0 in a table that does not
+	// sync.
+	base atomic.Int64
 }
 
-// storeKeys caches the store keys of an entry.
-type storeKeys struct {
-	base string    // "<prefix>:{<encoded key>}:"
-	wins []winKeys // per rule: the synchronous mode's current and previous window keys
+// syncState is one counter's bookkeeping with the sync loop, in tables
+// that sync. It is guarded by the entry's mutex.
+type syncState struct {
+	inflight      int64 // increments of win taken, not acknowledged
+	adj           int64 // signed increments of win to add to the next take
+	prevPending   int64 // increments of win-1 not taken yet
+	prevInflight  int64 // increments of win-1 taken, not acknowledged
+	prevReadUntil int64 // keep reading win-1 from the store until this instant (ns)
+	staleWin      int64 // window of stale
+	stale         int64 // increments of an older window still to push
 }
 
-type winKeys struct {
-	win       int64
-	cur, prev string
-}
-
-// newEntry allocates an entry for key with n counters, in one allocation
-// when n ≤ 8.
-func newEntry(key string, n int) *Entry {
-	var e *Entry
+// stash keeps d increments of window win, older than the previous one, to
+// be pushed by a later take. It returns the increments discarded to make
+// room: a counter keeps one such window, the most recent.
+func (s *syncState) stash(win, d int64) (dropped int64) {
 	switch {
-	case n == 1:
-		x := &struct {
-			Entry
-			c [1]Counter
-		}{}
-		e = &x.Entry
-		e.C = x.c[:]
-	case n == 2:
-		x := &struct {
-			Entry
-			c [2]Counter
-		}{}
-		e = &x.Entry
-		e.C = x.c[:]
-	case n <= 4:
-		x := &struct {
-			Entry
-			c [4]Counter
-		}{}
-		e = &x.Entry
-		e.C = x.c[:n]
-	case n <= 8:
-		x := &struct {
-			Entry
-			c [8]Counter
-		}{}
-		e = &x.Entry
-		e.C = x.c[:n]
+	case d == 0:
+	case s.stale == 0 || s.staleWin == win:
+		s.staleWin, s.stale = win, s.stale+d
+	case win > s.staleWin:
+		dropped = max(s.stale, 0)
+		s.staleWin, s.stale = win, d
 	default:
-		e = &Entry{C: make([]Counter, n)}
+		dropped = max(d, 0)
 	}
-	e.Key = key
-	return e
+	return dropped
 }
 
-// Seen records a decision at now.
-func (e *Entry) Seen(now int64) {
+// unsynced returns the increments s holds that the store has not
+// acknowledged.
+func (s *syncState) unsynced() int64 {
+	return s.inflight + s.adj + s.prevPending + s.prevInflight + s.stale
+}
+
+// Entry flags.
+const (
+	flagDead   = 1 << iota // evicted: decisions must retry with a fresh entry
+	flagQueued             // in the table's touched queue
+	flagSealed             // taken by the final flush of Close
+)
+
+// Entry is one user key's state on this node: a counter per rule, the
+// time of the last decision, and bookkeeping for the sync loop and the
+// evictor. Its fields are unexported: the sync loop holds entries only as
+// handles between Table calls.
+type Entry struct {
+	key      string
+	lastSeen atomic.Int64 // ns of the last decision
+	flags    atomic.Uint32
+	allowed  atomic.Uint64
+	denied   atomic.Uint64
+	mu       sync.Mutex // rollovers, takes, acknowledgements, eviction
+	c        []counter
+	s        []syncState // nil unless the table syncs
+}
+
+// Key returns the entry's user key.
+func (e *Entry) Key() string { return e.key }
+
+func (e *Entry) has(f uint32) bool { return e.flags.Load()&f != 0 }
+
+// set sets or clears flag f.
+func (e *Entry) set(f uint32, on bool) {
+	for {
+		old := e.flags.Load()
+		nu := old &^ f
+		if on {
+			nu = old | f
+		}
+		if old == nu || e.flags.CompareAndSwap(old, nu) {
+			return
+		}
+	}
+}
+
+// seen records a decision at now.
+func (e *Entry) seen(now int64) {
 	if e.lastSeen.Load() < now {
 		e.lastSeen.Store(now)
 	}
 }
 
-// LastSeen returns the instant (ns) of the entry's last decision.
-func (e *Entry) LastSeen() int64 { return e.lastSeen.Load() }
-
-// Dead reports whether the entry was evicted. A decision that committed
-// increments to a dead entry must undo them and retry with a fresh one.
-func (e *Entry) Dead() bool { return e.dead.Load() }
-
-// Count records the outcome of one decision in the entry's statistics.
-func (e *Entry) Count(allowed bool) {
-	if allowed {
-		e.allowed.Add(1)
-	} else {
-		e.denied.Add(1)
-	}
-}
-
-// Roll moves counter i to window win if it is behind it. prevReadUntil is
-// the instant until which the sync loop keeps reading the store's counter of
-// the window that becomes the previous one. It returns the increments that
-// had to be discarded because they belong to windows older than the new
-// previous one and were never pushed (only possible when the store has been
-// unreachable for longer than a window).
-func (e *Entry) Roll(i int, win, prevReadUntil int64, syncing bool) (dropped int64) {
+// waitRoll blocks until a rollover under way on the entry has finished.
+func (e *Entry) waitRoll() {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	c := &e.C[i]
-	old := c.win.Load()
-	if old >= win {
-		return 0
-	}
-	// Freeze the pending count: decisions that see the rolling flag wait on mu.
-	var w uint64
-	for {
-		w = c.word.Load()
-		if c.word.CompareAndSwap(w, w&^countMask|rollingBit) {
-			break
-		}
-	}
-	p := Word(w).Count()
-	total := c.cur.Load() + c.inflight.Load() + p
-	if win == old+1 {
-		c.prev.Store(total)
-		if syncing {
-			dropped = c.prevPending
-			c.prevPending = p
-			c.prevReadUntil = prevReadUntil
-		}
-	} else {
-		c.prev.Store(0)
-		if syncing {
-			dropped = c.prevPending + p
-			c.prevPending = 0
-			c.prevReadUntil = 0
-		}
-	}
-	c.cur.Store(0)
-	c.inflight.Store(0)
-	c.win.Store(win)
-	c.word.Store((Word(w).epoch() + 1) & epochMask << epochShift)
-	return dropped
-}
-
-// WaitRoll blocks until a rollover under way on the entry has finished.
-func (e *Entry) WaitRoll() {
-	e.mu.Lock()
-	//lint:ignore SA2001 an empty critical section is the point: it waits for Roll.
+	//lint:ignore SA2001 an empty critical section is the point: it waits for the rollover.
 	e.mu.Unlock()
 }
 
-// Undo takes back n that a decision added to counter i when the pending word
-// was w, after a later rule denied the request or the entry turned out to be
-// dead. If the counter rolled over since, the increment now lives in the
-// previous window and is taken back there.
-func (e *Entry) Undo(i int, w Word, n int64) {
-	c := &e.C[i]
-	for {
-		cur := Word(c.word.Load())
-		if cur.Rolling() {
-			e.WaitRoll()
-			continue
-		}
-		if cur.epoch() != w.epoch() {
-			break
-		}
-		// If the sync loop already took the increment, the part it took is
-		// pushed anyway: an over-count, never an under-count.
-		if c.word.CompareAndSwap(uint64(cur), uint64(cur)-uint64(min(n, cur.Count()))) {
-			return
+// newEntry allocates an entry for key with n counters (and their sync
+// state when syncing), in one allocation for the common sizes.
+func newEntry(key string, n int, syncing bool) *Entry {
+	var e *Entry
+	switch {
+	case n == 1 && !syncing:
+		x := &struct {
+			Entry
+			c [1]counter
+		}{}
+		e = &x.Entry
+		e.c = x.c[:]
+	case n == 1:
+		x := &struct {
+			Entry
+			c [1]counter
+			s [1]syncState
+		}{}
+		e = &x.Entry
+		e.c, e.s = x.c[:], x.s[:]
+	case n <= 4 && !syncing:
+		x := &struct {
+			Entry
+			c [4]counter
+		}{}
+		e = &x.Entry
+		e.c = x.c[:n]
+	case n <= 4:
+		x := &struct {
+			Entry
+			c [4]counter
+			s [4]syncState
+		}{}
+		e = &x.Entry
+		e.c, e.s = x.c[:n], x.s[:n]
+	default:
+		e = &Entry{c: make([]counter, n)}
+		if syncing {
+			e.s = make([]syncState, n)
 		}
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if c.word.Load()>>epochShift == (w.epoch()+1)&epochMask {
-		c.prev.Add(-n)
-		c.prevPending = max(c.prevPending-n, 0)
+	e.key = key
+	return e
+}
+
+// hasUnsynced reports whether e holds increments the store has not
+// acknowledged. Call with e.mu held.
+func (e *Entry) hasUnsynced() bool {
+	for i := range e.c {
+		if word(e.c[i].word.Load()).count() != 0 {
+			return true
+		}
 	}
+	for i := range e.s {
+		s := &e.s[i]
+		if s.inflight != 0 || s.adj != 0 || s.prevPending != 0 || s.prevInflight != 0 || s.stale != 0 {
+			return true
+		}
+	}
+	return false
 }

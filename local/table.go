@@ -1,34 +1,65 @@
-// Package local holds one node's in-memory rate-limit counters: a lock-free
-// table (github.com/puzpuzpuz/xsync/v3) from user key to Entry, with one
-// Counter per rule updated by atomic operations.
-//
-// A decision loads an entry and commits its increments with a
-// compare-and-swap per rule; it takes no lock except at a window rollover,
-// once per key and rule per window. The sync loop takes each touched entry's
-// pending increments (Entry.Take), pushes them, and writes the merged
-// cluster totals back (Entry.Ack) or hands the increments back on failure
-// (Entry.Fail), so nothing is lost or counted twice.
-//
-// Users of hybridlimit never touch this package; it is exported for the
-// sync loop and for tests.
 package local
 
 import (
 	"hash/maphash"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
-// Table maps user keys to entries. It is safe for concurrent use; the zero
-// value is not usable, create one with NewTable.
+// Options configures a Table.
+type Options struct {
+	// Rules are the limits every key is held to, 1 to MaxRules.
+	Rules []Rule
+	// MaxKeys bounds the entries held at once, exactly.
+	MaxKeys int
+	// Syncing makes the table keep what a sync loop needs: the queue of
+	// touched entries and every increment until the store acknowledges it.
+	Syncing bool
+	// ReadPrev is how long after a rollover the sync loop keeps reading
+	// the store's counter of the window that became the previous one, to
+	// learn other nodes' late increments (ns).
+	ReadPrev int64
+	// CountDenied makes denied requests consume quota too.
+	CountDenied bool
+}
+
+// hkey is a table key: the user key with its hash, computed once per
+// decision for both the shard and the shard's map.
+type hkey struct {
+	h uint64
+	s string
+}
+
+func hkeyHash(k hkey, seed uint64) uint64 { return k.h ^ seed }
+
+// shardKeys is the number of keys per shard the table aims for: a shard's
+// map grows by copying itself, which blocks writers of that shard (not
+// readers) for the length of the copy, so small shards keep a flood of new
+// keys from stalling decisions.
+const shardKeys = 16 << 10
+
+// Table maps user keys to entries and makes every decision on them. It is
+// safe for concurrent use. Create one with NewTable.
 type Table struct {
-	m       *xsync.MapOf[string, *Entry]
-	windows []int64 // window size per rule, ns
-	longest int64
-	maxKeys int
-	syncing bool
+	rules       []Rule
+	longest     int64
+	readPrev    int64
+	syncing     bool
+	countDenied bool
+
+	seed   maphash.Seed
+	shift  uint // 64 − log2(len(shards))
+	shards []*xsync.MapOf[hkey, *Entry]
+
+	maxKeys int64
+	keys    atomic.Int64 // entries in the maps plus insertions under way
+
+	closed    atomic.Bool
+	flushed   chan struct{} // closed when the final flush has ended
+	flushOnce sync.Once
 
 	qmu   sync.Mutex
 	queue []*Entry
@@ -39,105 +70,164 @@ type Table struct {
 	goneDenied atomic.Uint64
 }
 
-// keySeed randomizes key hashes per process.
-var keySeed = maphash.MakeSeed()
-
-// hashKey hashes a key for the table with the runtime's AES-based string
-// hash (xsync's default hasher goes through the slower generic typehash).
-func hashKey(key string, seed uint64) uint64 {
-	return maphash.String(keySeed, key) ^ seed
-}
-
-// NewTable returns a table for rules with the given window sizes (ns),
-// holding at most maxKeys entries. With syncing set, the table keeps what
-// the sync loop needs: the touched queue and the increments of the previous
-// window that are still to be pushed.
-func NewTable(windows []int64, maxKeys int, syncing bool) *Table {
+// NewTable returns an empty table for o.
+func NewTable(o Options) *Table {
 	t := &Table{
-		m:       xsync.NewMapOfWithHasher[string, *Entry](hashKey),
-		windows: append([]int64(nil), windows...),
-		maxKeys: maxKeys,
-		syncing: syncing,
+		rules:       append([]Rule(nil), o.Rules...),
+		readPrev:    o.ReadPrev,
+		syncing:     o.Syncing,
+		countDenied: o.CountDenied,
+		seed:        maphash.MakeSeed(),
+		maxKeys:     int64(o.MaxKeys),
+		flushed:     make(chan struct{}),
 	}
-	for _, w := range windows {
-		t.longest = max(t.longest, w)
+	for i := range t.rules {
+		t.longest = max(t.longest, t.rules[i].w)
+	}
+	n := 1
+	for n < 256 && int64(n)*shardKeys < t.maxKeys {
+		n *= 2
+	}
+	t.shift = uint(64 - bits.TrailingZeros(uint(n)))
+	t.shards = make([]*xsync.MapOf[hkey, *Entry], n)
+	for i := range t.shards {
+		t.shards[i] = xsync.NewMapOfWithHasher[hkey, *Entry](hkeyHash, xsync.WithGrowOnly())
 	}
 	return t
 }
 
-// Windows returns the window size of each rule in nanoseconds. The caller
-// must not modify the slice.
-func (t *Table) Windows() []int64 { return t.windows }
+// Rules returns the table's rules. The caller must not modify the slice.
+func (t *Table) Rules() []Rule { return t.rules }
 
-// Load returns the entry of key, if the table has one.
-func (t *Table) Load(key string) (*Entry, bool) { return t.m.Load(key) }
+func (t *Table) hash(key string) hkey {
+	return hkey{maphash.String(t.seed, key), key}
+}
 
-// LoadOrCreate returns the entry of key, creating it with its counters in
-// the windows of now if it is missing. It returns nil if the key is missing
-// and the table already holds maxKeys entries.
-func (t *Table) LoadOrCreate(key string, now int64) *Entry {
-	if e, ok := t.m.Load(key); ok {
+func (t *Table) shard(k hkey) *xsync.MapOf[hkey, *Entry] {
+	if t.shift == 64 {
+		return t.shards[0]
+	}
+	return t.shards[k.h>>t.shift]
+}
+
+// load returns the entry of key k, if any.
+func (t *Table) load(k hkey) (*Entry, bool) { return t.shard(k).Load(k) }
+
+// loadOrCreate returns the entry of k, creating it with its counters in
+// the windows of now. It returns nil when the key is missing and the
+// table holds MaxKeys entries, or after Close.
+func (t *Table) loadOrCreate(k hkey, now int64) *Entry {
+	m := t.shard(k)
+	if e, ok := m.Load(k); ok {
 		return e
 	}
-	if t.m.Size() >= t.maxKeys {
+	if t.keys.Add(1) > t.maxKeys {
+		t.keys.Add(-1)
 		return nil
 	}
-	e, _ := t.m.LoadOrCompute(key, func() *Entry { return t.Scratch(key, now) })
+	created := false
+	e, loaded := m.LoadOrTryCompute(k, func() (*Entry, bool) {
+		if t.closed.Load() {
+			return nil, true // checked under the bucket lock: see Close
+		}
+		created = true
+		return t.scratch(k.s, now), false
+	})
+	if !created {
+		t.keys.Add(-1)
+	}
+	if !loaded && !created {
+		return nil
+	}
+	return e
+}
+
+// scratch returns an entry for key with empty counters in the windows of
+// now, not stored in the table.
+func (t *Table) scratch(key string, now int64) *Entry {
+	e := newEntry(key, len(t.rules), t.syncing)
+	for i := range t.rules {
+		id, _ := WindowOf(now, t.rules[i].w)
+		e.c[i].win.Store(id)
+	}
+	e.lastSeen.Store(now)
 	return e
 }
 
 // Len returns the number of entries.
-func (t *Table) Len() int { return t.m.Size() }
+func (t *Table) Len() int { return int(t.keys.Load()) }
 
-// Range calls f for every entry until f returns false.
-func (t *Table) Range(f func(e *Entry) bool) {
-	t.m.Range(func(_ string, e *Entry) bool { return f(e) })
+// rangeEntries calls f for every entry until f returns false.
+func (t *Table) rangeEntries(f func(e *Entry) bool) {
+	for _, m := range t.shards {
+		ok := true
+		m.Range(func(_ hkey, e *Entry) bool {
+			ok = f(e)
+			return ok
+		})
+		if !ok {
+			return
+		}
+	}
 }
 
-// Touch puts e in the queue of entries the next sync cycle handles, unless
-// it is there already. It costs one atomic load when it is.
-func (t *Table) Touch(e *Entry) {
-	if e.queued.Load() || !e.queued.CompareAndSwap(false, true) {
+// touch queues e for the next sync cycle, unless it is queued already. It
+// costs one atomic load when it is.
+func (t *Table) touch(e *Entry) {
+	if e.has(flagQueued) {
 		return
+	}
+	for {
+		old := e.flags.Load()
+		if old&flagQueued != 0 {
+			return
+		}
+		if e.flags.CompareAndSwap(old, old|flagQueued) {
+			break
+		}
 	}
 	t.qmu.Lock()
 	t.queue = append(t.queue, e)
 	t.qmu.Unlock()
 }
 
-// Drain moves the queued entries into dst (reusing its storage) and marks
-// them unqueued, so a decision after this call queues its entry again.
-func (t *Table) Drain(dst []*Entry) []*Entry {
+// Touched moves the entries queued since the last call into dst (reusing
+// its storage) and unqueues them, so that a decision after this call
+// queues its entry again.
+func (t *Table) Touched(dst []*Entry) []*Entry {
 	t.qmu.Lock()
 	dst = append(dst[:0], t.queue...)
 	clear(t.queue)
-	t.queue = t.queue[:0]
+	if cap(t.queue) > 4096 && len(t.queue) < cap(t.queue)/4 {
+		t.queue = nil // do not pin the storage of an unusually large cycle
+	} else {
+		t.queue = t.queue[:0]
+	}
 	t.qmu.Unlock()
 	for _, e := range dst {
-		e.queued.Store(false)
+		e.set(flagQueued, false)
 	}
 	return dst
 }
 
-// AddDropped records increments discarded because they belonged to windows
-// that can no longer influence a decision.
-func (t *Table) AddDropped(n int64) {
+// Requeue queues e for the next sync cycle again.
+func (t *Table) Requeue(e *Entry) { t.touch(e) }
+
+func (t *Table) addDropped(n int64) {
 	if n > 0 {
 		t.dropped.Add(uint64(n))
 	}
 }
 
 // Evict removes the entries that have seen no decision for twice the
-// longest window (after that their counters can no longer influence a
-// decision) and have nothing left to push. It returns how many it removed.
+// longest window (their counters can no longer influence a decision) and
+// hold nothing the store has not acknowledged, and returns how many it
+// removed.
 func (t *Table) Evict(now int64) int {
 	n := 0
 	idle := 2 * t.longest
-	t.m.Range(func(key string, e *Entry) bool {
-		if now-e.lastSeen.Load() <= idle {
-			return true
-		}
-		if t.tryEvict(e, now-idle) {
+	t.rangeEntries(func(e *Entry) bool {
+		if now-e.lastSeen.Load() > idle && t.tryEvict(e, now-idle) {
 			n++
 		}
 		return true
@@ -148,57 +238,47 @@ func (t *Table) Evict(now int64) int {
 func (t *Table) tryEvict(e *Entry, seenBefore int64) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if t.syncing && e.hasUnsynced() {
+	if (t.syncing && e.hasUnsynced()) || e.has(flagSealed) {
 		return false
 	}
-	words := make([]uint64, 0, 8)
-	for i := range e.C {
-		words = append(words, e.C[i].word.Load())
+	var words [MaxRules]uint64
+	for i := range e.c {
+		words[i] = e.c[i].word.Load()
 	}
-	e.dead.Store(true)
-	// A decision that committed after our first look sees dead and retries,
-	// or we see its increment here and keep the entry.
+	e.set(flagDead, true)
+	// A decision that committed after our first look sees the flag and
+	// retries on a fresh entry, or we see its increment here and keep e.
 	changed := e.lastSeen.Load() > seenBefore
-	for i := range e.C {
-		changed = changed || e.C[i].word.Load() != words[i]
+	for i := range e.c {
+		changed = changed || e.c[i].word.Load() != words[i]
 	}
 	if changed {
-		e.dead.Store(false)
+		e.set(flagDead, false)
 		return false
 	}
-	t.m.Compute(e.Key, func(old *Entry, loaded bool) (*Entry, bool) {
+	k := t.hash(e.key)
+	t.shard(k).Compute(k, func(old *Entry, loaded bool) (*Entry, bool) {
 		return old, loaded && old == e
 	})
+	t.keys.Add(-1)
 	t.evicted.Add(1)
 	t.goneAllow.Add(e.allowed.Load())
 	t.goneDenied.Add(e.denied.Load())
 	return true
 }
 
-// hasUnsynced reports whether e holds increments not yet acknowledged by
-// the store. Call with e.mu held.
-func (e *Entry) hasUnsynced() bool {
-	for i := range e.C {
-		c := &e.C[i]
-		if Word(c.word.Load()).Count() != 0 || c.inflight.Load() != 0 || c.prevPending != 0 || c.prevInflight != 0 {
-			return true
-		}
-	}
-	return false
-}
-
 // Stats is a snapshot of a table's counters.
 type Stats struct {
 	Keys     int    // entries in the table
 	Evicted  uint64 // entries removed by Evict
-	Dropped  uint64 // increments discarded as too old to matter
+	Dropped  uint64 // increments discarded unpushed, as too old to matter
 	Allowed  uint64 // admitted decisions, including those of evicted entries
 	Denied   uint64 // denied decisions, including those of evicted entries
-	Unsynced int64  // increments not yet acknowledged by the store
+	Unsynced int64  // increments the store has not acknowledged
 }
 
-// Stats walks the table and returns its counters. It costs time linear in
-// the number of entries.
+// Stats walks the table and returns its counters, in time linear in the
+// number of entries.
 func (t *Table) Stats() Stats {
 	s := Stats{
 		Evicted: t.evicted.Load(),
@@ -206,31 +286,18 @@ func (t *Table) Stats() Stats {
 		Allowed: t.goneAllow.Load(),
 		Denied:  t.goneDenied.Load(),
 	}
-	t.m.Range(func(_ string, e *Entry) bool {
+	t.rangeEntries(func(e *Entry) bool {
 		s.Keys++
 		s.Allowed += e.allowed.Load()
 		s.Denied += e.denied.Load()
 		if t.syncing {
 			e.mu.Lock()
-			for i := range e.C {
-				c := &e.C[i]
-				s.Unsynced += Word(c.word.Load()).Count() + c.inflight.Load() + c.prevPending + c.prevInflight
+			for i := range e.c {
+				s.Unsynced += word(e.c[i].word.Load()).count() + e.s[i].unsynced()
 			}
 			e.mu.Unlock()
 		}
 		return true
 	})
 	return s
-}
-
-// Scratch returns an entry for key with empty counters in the windows of
-// now, without storing it in the table: decisions on it are not tracked.
-func (t *Table) Scratch(key string, now int64) *Entry {
-	e := newEntry(key, len(t.windows))
-	for i, w := range t.windows {
-		e.C[i].win.Store(now / w)
-		e.C[i].expWin = -1
-	}
-	e.lastSeen.Store(now)
-	return e
 }

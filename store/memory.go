@@ -2,25 +2,31 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
+
+	"github.com/hybridlimit/hybridlimit/local"
 )
 
-// Memory is a Store held in this process's memory, with the same semantics
-// as the Redis store: counters with expiries, read by the same key layout,
-// and atomic decisions for the synchronous mode. Use it for tests, for the
-// simulation, and for several limiters in one process.
+// Memory is a Store held in this process's memory, with the semantics of
+// the Redis store: counters with expiries, batches applied at most once,
+// and atomic decisions for the synchronous mode. Its calls never fail
+// except for a done context, so nothing it holds is ever in doubt. Use it
+// for tests, for the simulation, and for several limiters in one process.
 //
 // Memory is safe for concurrent use. The zero value is not usable: create
 // one with NewMemory.
 type Memory struct {
 	clock clock.Clock
-	mu    sync.Mutex
-	m     map[string]memCounter
-	sweep int // size at which expired counters are swept next
+
+	mu      sync.Mutex
+	m       map[string]memCounter
+	markers map[string]uint64
+	sweep   int // size at which expired counters are swept next
 
 	calls atomic.Uint64
 	ops   atomic.Uint64
@@ -31,16 +37,19 @@ type memCounter struct {
 	exp int64 // Unix ms, 0 for none
 }
 
+// memGroups is the number of groups of a Memory store.
+const memGroups = 16
+
 // NewMemory returns an empty in-memory store whose expiries and Time follow
 // c; a nil c means the real clock.
 func NewMemory(c clock.Clock) *Memory {
 	if c == nil {
 		c = clock.New()
 	}
-	return &Memory{clock: c, m: make(map[string]memCounter), sweep: 1024}
+	return &Memory{clock: c, m: make(map[string]memCounter), markers: make(map[string]uint64), sweep: 1024}
 }
 
-// Calls returns how many times Apply and Take have been called: the round
+// Calls returns how many times Push and Take have been called: the round
 // trips a network store would have made.
 func (s *Memory) Calls() uint64 { return s.calls.Load() }
 
@@ -61,11 +70,12 @@ func (s *Memory) Len() int {
 	return n
 }
 
-// Get returns the value of the counter key (0 when missing or expired).
-func (s *Memory) Get(key string) int64 {
+// Get returns the value of counter c under prefix (0 when missing or
+// expired).
+func (s *Memory) Get(prefix string, c Counter) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.get(key, s.clock.Now().UnixMilli())
+	return s.get(CounterKey(prefix, c), s.clock.Now().UnixMilli())
 }
 
 func (s *Memory) get(key string, now int64) int64 {
@@ -80,24 +90,16 @@ func (s *Memory) get(key string, now int64) int64 {
 	return c.v
 }
 
-func (s *Memory) incr(key string, d, now int64) (v int64, created bool) {
+// incr adds d to key and returns the new value; a counter it creates
+// expires at exp.
+func (s *Memory) incr(key string, d, now, exp int64) int64 {
 	c, ok := s.m[key]
-	if ok && c.exp != 0 && c.exp <= now {
-		ok = false
-	}
-	if !ok {
-		c = memCounter{}
+	if !ok || (c.exp != 0 && c.exp <= now) {
+		c = memCounter{exp: exp}
 	}
 	c.v += d
 	s.m[key] = c
-	return c.v, !ok
-}
-
-func (s *Memory) expire(key string, at int64) {
-	if c, ok := s.m[key]; ok {
-		c.exp = at
-		s.m[key] = c
-	}
+	return c.v
 }
 
 func (s *Memory) maybeSweep(now int64) {
@@ -112,28 +114,40 @@ func (s *Memory) maybeSweep(now int64) {
 	s.sweep = max(1024, 2*len(s.m))
 }
 
-// Apply implements Store.
-func (s *Memory) Apply(ctx context.Context, ops []Op) error {
+// Group implements Store.
+func (s *Memory) Group(key string) int { return Slot(key) % memGroups }
+
+// Push implements Store.
+func (s *Memory) Push(ctx context.Context, batches []*Batch) error {
 	if err := ctx.Err(); err != nil {
+		for _, b := range batches {
+			b.Status, b.Err = Failed, err
+		}
 		return err
 	}
 	s.calls.Add(1)
-	s.ops.Add(uint64(len(ops)))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now().UnixMilli()
 	s.maybeSweep(now)
-	for i := range ops {
-		op := &ops[i]
-		key := op.Name()
-		if op.Delta == 0 {
-			op.Total = s.get(key, now)
-		} else {
-			op.Total, _ = s.incr(key, op.Delta, now)
+	for _, b := range batches {
+		s.ops.Add(uint64(len(b.Ops)))
+		b.Totals = resize(b.Totals, len(b.Ops))
+		marker := markerKey(b.Prefix, 'm', b.Group, b.Node)
+		dup := s.markers[marker] >= b.Seq
+		for i := range b.Ops {
+			op := &b.Ops[i]
+			key := CounterKey(b.Prefix, op.Counter)
+			if dup || op.Delta == 0 {
+				b.Totals[i] = s.get(key, now)
+			} else {
+				b.Totals[i] = s.incr(key, op.Delta, now, ExpireAt(op.Window, op.ID))
+			}
 		}
-		if op.ExpireAt != 0 {
-			s.expire(key, op.ExpireAt)
+		if !dup {
+			s.markers[marker] = b.Seq
 		}
+		b.Status, b.Err = Applied, nil
 	}
 	return nil
 }
@@ -141,41 +155,72 @@ func (s *Memory) Apply(ctx context.Context, ops []Op) error {
 // Take implements Store.
 func (s *Memory) Take(ctx context.Context, reqs []*TakeRequest) error {
 	if err := ctx.Err(); err != nil {
+		for _, r := range reqs {
+			r.Status, r.Err = Failed, err
+		}
 		return err
 	}
 	s.calls.Add(1)
 	s.ops.Add(uint64(len(reqs)))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.clock.Now().UnixMilli()
+	nowT := s.clock.Now()
+	now := nowT.UnixMilli()
 	s.maybeSweep(now)
-	for i := range reqs {
-		r := reqs[i]
+	for _, r := range reqs {
 		if err := r.check(); err != nil {
-			r.Err = err
+			r.Status, r.Err = Failed, err
 			continue
 		}
+		if r.Deadline != 0 && nowT.UnixMicro() > r.Deadline {
+			r.Status, r.Err = Failed, errDeadline
+			continue
+		}
+		r.Counts = resize(r.Counts, len(r.Rules))
 		r.Allowed = true
 		for j, rule := range r.Rules {
-			cur := s.get(r.Keys[2*j], now)
+			id := r.Now / (rule.Window * 1000)
+			cur := s.get(CounterKey(r.Prefix, Counter{r.Key, rule.Window, id}), now)
 			var prev int64
 			if !rule.Fixed {
-				prev = s.get(r.Keys[2*j+1], now)
+				prev = s.get(CounterKey(r.Prefix, Counter{r.Key, rule.Window, id - 1}), now)
 			}
-			r.Counts[2*j], r.Counts[2*j+1] = cur, prev
-			if !Admits(rule.Limit, rule.WindowMs, r.NowUs, rule.Fixed, cur, prev, r.Cost) {
+			r.Counts[j] = WindowCounts{Cur: cur, Prev: prev}
+			lr := local.NewRule(rule.Limit, time.Duration(rule.Window)*time.Millisecond, rule.Fixed)
+			if !lr.Admits(prev, cur, r.Now%(rule.Window*1000)*1000, r.Cost) {
 				r.Allowed = false
 			}
 		}
-		if r.Peek || !(r.Allowed || r.CountDenied) {
-			continue
-		}
-		for j := range r.Rules {
-			v, created := s.incr(r.Keys[2*j], r.Cost, now)
-			if created {
-				s.expire(r.Keys[2*j], r.ExpireAt[j])
+		if !r.Peek && (r.Allowed || r.CountDenied) {
+			for j, rule := range r.Rules {
+				id := r.Now / (rule.Window * 1000)
+				key := CounterKey(r.Prefix, Counter{r.Key, rule.Window, id})
+				r.Counts[j].Cur = s.incr(key, r.Cost, now, ExpireAt(rule.Window, id))
 			}
-			r.Counts[2*j] = v
+		}
+		r.Status, r.Err = Applied, nil
+	}
+	return nil
+}
+
+// errDeadline fails a request that reached the store after its deadline.
+var errDeadline = fmt.Errorf("store: request reached the store after its deadline: %w", ErrUnavailable)
+
+// check validates the shape of r before a store runs it.
+func (r *TakeRequest) check() error {
+	switch {
+	case len(r.Rules) == 0:
+		return fmt.Errorf("store: TakeRequest has no rules")
+	case r.Key == "":
+		return fmt.Errorf("store: TakeRequest has an empty key")
+	case r.Cost < 0:
+		return fmt.Errorf("store: TakeRequest cost %d is negative", r.Cost)
+	case r.Now < 0:
+		return fmt.Errorf("store: TakeRequest instant %d is before the epoch", r.Now)
+	}
+	for i, rule := range r.Rules {
+		if rule.Window <= 0 || rule.Limit < 1 {
+			return fmt.Errorf("store: TakeRequest rule %d has window %d ms and limit %d, want both positive", i, rule.Window, rule.Limit)
 		}
 	}
 	return nil

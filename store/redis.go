@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,227 +15,445 @@ import (
 )
 
 // Redis is a Store on a Redis server, Sentinel group or Cluster, through a
-// go-redis client the caller owns (and closes). Apply is one pipeline of
-// INCRBY, PEXPIREAT and GET commands; Take runs one Lua script call per
-// request, all requests of a call in one pipeline. In Redis Cluster, every counter of
-// a user key shares one hash slot, and go-redis splits pipelines by node.
+// go-redis client the caller owns (and closes): a *redis.Client (also
+// redis.NewFailoverClient's), a *redis.ClusterClient, or any other
+// redis.UniversalClient. Every command goes through the client, its
+// connection pool, hooks and instrumentation; in Redis Cluster the client
+// routes each batch to its slot's master and follows MOVED redirections.
 //
-// With a standalone client (*redis.Client), Apply writes its pipelines on
-// at most two connections of its own, dialled with the client's options,
-// in Redis's wire format with no allocation per counter: several times
-// faster than go-redis pipelines for large sync cycles. Those pipelines
-// bypass the client's hooks; ViaClient turns the fast path off. It is off
-// by itself for clients with credential providers, OnConnect hooks or a
-// client-side Limiter.
+// Push sends each Batch as one call of a Lua script that applies the batch
+// at most once (see the package documentation) and Take sends each group's
+// requests as one call of another; all calls of a Push or Take go out in
+// pipelines, up to Lanes of them at once. A circuit breaker per server
+// fails calls at once while a server does not answer (see RedisOptions).
 //
 // Redis is safe for concurrent use. The zero value is not usable: create
 // one with NewRedis.
 type Redis struct {
-	c      redis.UniversalClient
-	raw    *rawPipe
-	script *redis.Script
-	calls  atomic.Uint64
+	c       redis.UniversalClient
+	cluster *redis.ClusterClient // nil unless c is one
+	o       RedisOptions
+	node    string // this store's identity in take markers
+	seq     atomic.Uint64
+	breaker *breaker
+
+	calls atomic.Uint64
 }
 
-// RedisOption configures NewRedis.
-type RedisOption func(*Redis)
-
-// ViaClient makes every command go through the go-redis client (its hooks,
-// pool and instrumentation), at the cost of the fast sync path.
-func ViaClient() RedisOption {
-	return func(s *Redis) { s.raw = nil }
+// RedisOptions configures NewRedis. The zero value selects the defaults.
+type RedisOptions struct {
+	// Lanes is how many pipelines a Push or Take sends at once, each on
+	// its own connection: 1 to 64, default 4. In a standalone or Sentinel
+	// deployment it is also the number of groups.
+	Lanes int
+	// BreakerMin and BreakerMax bound the time calls to a server fail
+	// without being sent after it stopped answering: the first failure
+	// opens the circuit for BreakerMin, each further one doubles it up to
+	// BreakerMax. Defaults 100ms and 5s; a negative BreakerMin disables
+	// the breaker.
+	BreakerMin, BreakerMax time.Duration
 }
 
-// NewRedis returns a store on the client c.
-func NewRedis(c redis.UniversalClient, opts ...RedisOption) *Redis {
-	s := &Redis{c: c, raw: newRawPipe(c), script: redis.NewScript(takeBatchScript)}
-	for _, o := range opts {
-		o(s)
+// NewRedis returns a store on the client c. It returns an error for
+// options out of range.
+func NewRedis(c redis.UniversalClient, o RedisOptions) (*Redis, error) {
+	if c == nil {
+		return nil, errors.New("store: NewRedis: the client is nil")
 	}
-	return s
-}
-
-// Close closes the store's own connections (the fast sync path's), not the
-// client. Calls after Close still work; they dial again when needed.
-func (s *Redis) Close() error {
-	if s.raw != nil {
-		s.raw.close()
+	if o.Lanes == 0 {
+		o.Lanes = 4
 	}
-	return nil
+	if o.Lanes < 1 || o.Lanes > 64 {
+		return nil, fmt.Errorf("store: RedisOptions.Lanes is %d, want 1 to 64", o.Lanes)
+	}
+	if o.BreakerMin == 0 {
+		o.BreakerMin = 100 * time.Millisecond
+	}
+	if o.BreakerMax == 0 {
+		o.BreakerMax = 5 * time.Second
+	}
+	if o.BreakerMin > 0 && (o.BreakerMin < time.Millisecond || o.BreakerMax < o.BreakerMin || o.BreakerMax > time.Hour) {
+		return nil, fmt.Errorf("store: RedisOptions.BreakerMin is %v and BreakerMax %v, want 1ms ≤ BreakerMin ≤ BreakerMax ≤ 1h", o.BreakerMin, o.BreakerMax)
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	s := &Redis{c: c, o: o, node: hex.EncodeToString(id[:])}
+	s.cluster, _ = c.(*redis.ClusterClient)
+	if o.BreakerMin > 0 {
+		s.breaker = newBreaker(o.BreakerMin, o.BreakerMax)
+	}
+	return s, nil
 }
 
-// Calls returns the number of round trips (pipelines and commands) sent.
+// Calls returns the number of pipelines and commands sent.
 func (s *Redis) Calls() uint64 { return s.calls.Load() }
 
-// Apply implements Store.
-func (s *Redis) Apply(ctx context.Context, ops []Op) error {
-	if len(ops) == 0 {
-		return nil
+// Group implements Store: the key's hash slot in a Redis Cluster, a lane
+// otherwise.
+func (s *Redis) Group(key string) int {
+	if s.cluster != nil {
+		return Slot(key)
 	}
-	if s.raw != nil {
-		s.calls.Add(1)
-		return s.raw.apply(ctx, ops)
-	}
-	pipe := s.c.Pipeline()
-	incr := make([]*redis.IntCmd, len(ops))
-	get := make([]*redis.StringCmd, len(ops))
-	for i := range ops {
-		op := &ops[i]
-		key := op.Name()
-		if op.Delta != 0 {
-			incr[i] = pipe.IncrBy(ctx, key, op.Delta)
-		} else {
-			get[i] = pipe.Get(ctx, key)
-		}
-		if op.ExpireAt != 0 {
-			pipe.PExpireAt(ctx, key, time.UnixMilli(op.ExpireAt))
-		}
-	}
-	s.calls.Add(1)
-	cmds, err := pipe.Exec(ctx)
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("store: redis pipeline of %d commands: %w", len(cmds), err)
-	}
-	for i := range ops {
-		if incr[i] != nil {
-			v, err := incr[i].Result()
-			if err != nil {
-				return fmt.Errorf("store: INCRBY %q: %w", ops[i].Name(), err)
-			}
-			ops[i].Total = v
-			continue
-		}
-		v, err := get[i].Result()
-		switch {
-		case errors.Is(err, redis.Nil):
-			ops[i].Total = 0
-		case err != nil:
-			return fmt.Errorf("store: GET %q: %w", ops[i].Name(), err)
-		default:
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				return fmt.Errorf("store: GET %q: counter holds %q, not an integer", ops[i].Name(), v)
-			}
-			ops[i].Total = n
-		}
-	}
-	return nil
+	return Slot(key) % s.o.Lanes
 }
 
-// Take implements Store. On the fast path (a standalone client), the whole
-// batch is one script call on the store's own connection; otherwise one
-// EVALSHA per request, all in one go-redis pipeline.
-func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
-	if s.raw != nil {
-		ok := reqs[:0:0]
-		for _, r := range reqs {
-			if r.Err = r.check(); r.Err == nil {
-				ok = append(ok, r)
-			}
-		}
-		if len(ok) == 0 {
-			return nil
-		}
-		s.calls.Add(1)
-		return s.raw.take(ctx, ok)
+// server returns the address of the server holding group g, or "" when
+// it cannot be known without I/O.
+func (s *Redis) server(ctx context.Context, g int) string {
+	if s.cluster == nil {
+		return "master"
 	}
-	cmds := make([]*redis.Cmd, len(reqs))
-	args := make([][]any, len(reqs))
-	pipe := s.c.Pipeline()
-	n := 0
-	for i := range reqs {
-		r := reqs[i]
-		if err := r.check(); err != nil {
-			r.Err = err
-			continue
-		}
-		flags := 0
-		if r.Peek {
-			flags |= 1
-		}
-		if r.CountDenied {
-			flags |= 2
-		}
-		// The batch script with a batch of one: in Redis Cluster, only one
-		// request's keys are sure to share a hash slot.
-		a := make([]any, 0, 5+4*len(r.Rules))
-		a = append(a, 1, len(r.Rules), r.Cost, flags, r.NowUs)
-		for j, rule := range r.Rules {
-			fixed := 0
-			if rule.Fixed {
-				fixed = 1
-			}
-			a = append(a, rule.Limit, rule.WindowMs, fixed, r.ExpireAt[j])
-		}
-		args[i] = a
-		cmds[i] = s.script.EvalSha(ctx, pipe, r.Keys, a...)
-		n++
-	}
-	if n == 0 {
-		return nil
-	}
-	s.calls.Add(1)
-	_, err := pipe.Exec(ctx)
-	if err != nil && !isNoScript(err) && !isReplyError(err) {
-		return fmt.Errorf("store: redis pipeline of %d scripts: %w", n, err)
-	}
-	var retry []int
-	for i, cmd := range cmds {
-		if cmd != nil && isNoScript(cmd.Err()) {
-			retry = append(retry, i)
-		}
-	}
-	if len(retry) > 0 {
-		// The server does not have the script cached: send it whole once.
-		pipe := s.c.Pipeline()
-		for _, i := range retry {
-			cmds[i] = s.script.Eval(ctx, pipe, reqs[i].Keys, args[i]...)
-		}
-		s.calls.Add(1)
-		if _, err := pipe.Exec(ctx); err != nil && !isReplyError(err) {
-			return fmt.Errorf("store: redis pipeline of %d scripts: %w", len(retry), err)
-		}
-	}
-	for i, cmd := range cmds {
-		if cmd != nil {
-			reqs[i].Err = parseTake(cmd, reqs[i])
-		}
-	}
-	return nil
-}
-
-func parseTake(cmd *redis.Cmd, r *TakeRequest) error {
-	vals, err := cmd.Slice()
+	c, err := s.cluster.MasterForKey(ctx, "{"+slotTag(g)+"}")
 	if err != nil {
-		return fmt.Errorf("store: take script: %w", err)
+		return ""
 	}
-	if len(vals) != 1+len(r.Counts) {
-		return fmt.Errorf("store: take script replied %d values, want %d", len(vals), 1+len(r.Counts))
+	return c.Options().Addr
+}
+
+// allow reports whether a call to the server of group g may be sent, and
+// returns the server's address to report the outcome to.
+func (s *Redis) allow(ctx context.Context, g int) (string, bool) {
+	if s.breaker == nil {
+		return "", true
 	}
-	for i, v := range vals {
-		n, ok := v.(int64)
-		if !ok {
-			return fmt.Errorf("store: take script reply %d is %T, want an integer", i, v)
-		}
-		if i == 0 {
-			r.Allowed = n == 1
-		} else {
-			r.Counts[i-1] = n
-		}
+	addr := s.server(ctx, g)
+	return addr, s.breaker.allow(addr)
+}
+
+func (s *Redis) report(addr string, err error) {
+	if s.breaker != nil {
+		s.breaker.done(addr, err == nil || isReply(err))
 	}
-	return nil
+	if err != nil && !isReply(err) && s.cluster != nil {
+		// A node may be gone: refresh the slot map now rather than at
+		// go-redis' next periodic reload.
+		s.cluster.ReloadState(context.Background())
+	}
+}
+
+// errOpen fails a call not sent because its server's circuit is open.
+var errOpen = fmt.Errorf("store: redis server not answering, call not sent (circuit open): %w", ErrUnavailable)
+
+// isReply reports whether err is an error reply from the server, which
+// means the command did not run, as opposed to a failure of the
+// connection, after which it may have run.
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
 
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
 
-// isReplyError reports whether err is an error reply from the server for
-// one command (which the per-command checks report), as opposed to a
-// failure of the connection.
-func isReplyError(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && !errors.Is(err, context.DeadlineExceeded)
+// lanes runs f for every lane of items (in order within a lane), the lanes
+// at once; lane(i) is item i's lane.
+func (s *Redis) lanes(n int, lane func(i int) int, f func(items []int)) {
+	per := make([][]int, s.o.Lanes)
+	for i := range n {
+		l := lane(i)
+		per[l] = append(per[l], i)
+	}
+	var wg sync.WaitGroup
+	for _, items := range per {
+		if len(items) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(items)
+		}()
+	}
+	wg.Wait()
+}
+
+// exec runs a pipeline of one script call per item, sending the whole
+// script once where the server does not have it cached, and returns the
+// commands.
+func (s *Redis) exec(ctx context.Context, script *redis.Script, items []int, args func(i int) ([]string, []any)) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(items))
+	keys := make([][]string, len(items))
+	argv := make([][]any, len(items))
+	pipe := s.c.Pipeline()
+	for k, i := range items {
+		keys[k], argv[k] = args(i)
+		cmds[k] = script.EvalSha(ctx, pipe, keys[k], argv[k]...)
+	}
+	s.calls.Add(1)
+	_, _ = pipe.Exec(ctx)
+	var retry []int
+	for k, cmd := range cmds {
+		if isNoScript(cmd.Err()) {
+			retry = append(retry, k)
+		}
+	}
+	if len(retry) > 0 {
+		pipe := s.c.Pipeline()
+		for _, k := range retry {
+			cmds[k] = script.Eval(ctx, pipe, keys[k], argv[k]...)
+		}
+		s.calls.Add(1)
+		_, _ = pipe.Exec(ctx)
+	}
+	return cmds
+}
+
+// Push implements Store.
+func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
+	if err := ctx.Err(); err != nil {
+		for _, b := range batches {
+			b.Status, b.Err = Failed, err
+		}
+		return err
+	}
+	ttl := markerTTL.Milliseconds()
+	s.lanes(len(batches), func(i int) int { return batches[i].Group % s.o.Lanes }, func(items []int) {
+		var send []int
+		addrs := make(map[int]string, len(items))
+		for _, i := range items {
+			b := batches[i]
+			addr, ok := s.allow(ctx, b.Group)
+			if !ok {
+				b.Status, b.Err = Failed, errOpen
+				continue
+			}
+			addrs[i] = addr
+			send = append(send, i)
+		}
+		if len(send) == 0 {
+			return
+		}
+		cmds := s.exec(ctx, pushScript, send, func(i int) ([]string, []any) {
+			b := batches[i]
+			keys := make([]string, 1+len(b.Ops))
+			keys[0] = markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node)
+			argv := make([]any, 2+len(b.Ops))
+			argv[0], argv[1] = b.Seq, ttl
+			for j := range b.Ops {
+				op := &b.Ops[j]
+				keys[1+j] = CounterKey(b.Prefix, op.Counter)
+				argv[2+j] = op.Delta
+			}
+			return keys, argv
+		})
+		outcome := make(map[string]error, 1)
+		for k, i := range send {
+			s.readPush(cmds[k], batches[i])
+			s.merge(outcome, addrs[i], cmdErr(cmds[k]))
+		}
+		s.reportAll(outcome)
+	})
+	return nil
+}
+
+// merge records in outcome the result of one call to addr: a failure of
+// the connection wins over success and error replies.
+func (s *Redis) merge(outcome map[string]error, addr string, err error) {
+	if prev, ok := outcome[addr]; !ok || prev == nil || isReply(prev) {
+		outcome[addr] = err
+	}
+}
+
+// reportAll reports to the breaker, once per server, the outcome of a
+// pipeline.
+func (s *Redis) reportAll(outcome map[string]error) {
+	for addr, err := range outcome {
+		s.report(addr, err)
+	}
+}
+
+// cmdErr returns the error of the call itself, not of its reply's
+// elements.
+func cmdErr(cmd *redis.Cmd) error {
+	if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	return nil
+}
+
+// slotOf returns the Redis Cluster slot that group g's markers hash to.
+func (s *Redis) slotOf(g int) int { return g }
+
+// readPush sets b's results from its script call.
+func (s *Redis) readPush(cmd *redis.Cmd, b *Batch) {
+	if err := cmdErr(cmd); err != nil {
+		b.Status = InDoubt
+		if isReply(err) {
+			b.Status = Failed
+		}
+		b.Err = fmt.Errorf("store: redis push of %d counters: %w", len(b.Ops), err)
+		return
+	}
+	vals, err := cmd.Slice()
+	if err == nil && len(vals) != 1+len(b.Ops) {
+		err = fmt.Errorf("push script replied %d values, want %d", len(vals), 1+len(b.Ops))
+	}
+	if err != nil {
+		// The script ran to its end (a reply came), but the reply makes
+		// no sense: the batch was applied; its totals are unknown.
+		b.Status, b.Err = Applied, fmt.Errorf("store: redis push: %w", err)
+		b.Totals = resize(b.Totals, len(b.Ops))
+		clear(b.Totals)
+		return
+	}
+	b.Status, b.Err = Applied, nil
+	b.Totals = resize(b.Totals, len(b.Ops))
+	for j := range b.Ops {
+		switch v := vals[1+j].(type) {
+		case int64:
+			b.Totals[j] = v
+		case error:
+			b.Totals[j] = 0
+			b.Err = fmt.Errorf("store: redis counter %q: %w", CounterKey(b.Prefix, b.Ops[j].Counter), v)
+		default:
+			b.Totals[j] = 0
+			b.Err = fmt.Errorf("store: redis counter %q: the push script replied %T, want an integer", CounterKey(b.Prefix, b.Ops[j].Counter), v)
+		}
+	}
+}
+
+// Take implements Store. The requests of one group and one set of rules
+// go out as one script call.
+func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
+	if err := ctx.Err(); err != nil {
+		for _, r := range reqs {
+			r.Status, r.Err = Failed, err
+		}
+		return err
+	}
+	type call struct {
+		group int
+		reqs  []*TakeRequest
+		seq   uint64
+	}
+	type callKey struct {
+		group  int
+		prefix string
+		rules  *TakeRule
+		n      int
+	}
+	var calls []*call
+	index := map[callKey]*call{}
+	for _, r := range reqs {
+		if err := r.check(); err != nil {
+			r.Status, r.Err = Failed, err
+			continue
+		}
+		g := s.Group(r.Key)
+		k := callKey{g, r.Prefix, &r.Rules[0], len(r.Rules)}
+		c := index[k]
+		if c == nil {
+			c = &call{group: g}
+			index[k] = c
+			calls = append(calls, c)
+		}
+		c.reqs = append(c.reqs, r)
+	}
+	ttl := int64(time.Minute / time.Millisecond)
+	s.lanes(len(calls), func(i int) int { return calls[i].group % s.o.Lanes }, func(items []int) {
+		var send []int
+		addrs := make(map[int]string, len(items))
+		for _, i := range items {
+			c := calls[i]
+			addr, ok := s.allow(ctx, c.group)
+			if !ok {
+				for _, r := range c.reqs {
+					r.Status, r.Err = Failed, errOpen
+				}
+				continue
+			}
+			addrs[i] = addr
+			c.seq = s.seq.Add(1)
+			send = append(send, i)
+		}
+		if len(send) == 0 {
+			return
+		}
+		cmds := s.exec(ctx, takeScript, send, func(i int) ([]string, []any) {
+			c := calls[i]
+			rules := c.reqs[0].Rules
+			keys := make([]string, 0, 1+2*len(rules)*len(c.reqs))
+			keys = append(keys, markerKey(c.reqs[0].Prefix, 't', s.slotOf(c.group), s.node))
+			argv := make([]any, 0, 5+3*len(rules)+3*len(c.reqs))
+			argv = append(argv, c.seq, ttl, c.reqs[0].Deadline, len(c.reqs), len(rules))
+			for _, rule := range rules {
+				fixed := 0
+				if rule.Fixed {
+					fixed = 1
+				}
+				argv = append(argv, rule.Limit, rule.Window, fixed)
+			}
+			for _, r := range c.reqs {
+				flags := 0
+				if r.Peek {
+					flags |= 1
+				}
+				if r.CountDenied {
+					flags |= 2
+				}
+				argv = append(argv, r.Cost, flags, r.Now)
+				for _, rule := range rules {
+					id := r.Now / (rule.Window * 1000)
+					keys = append(keys, CounterKey(r.Prefix, Counter{r.Key, rule.Window, id}), CounterKey(r.Prefix, Counter{r.Key, rule.Window, id - 1}))
+				}
+			}
+			return keys, argv
+		})
+		outcome := make(map[string]error, 1)
+		for k, i := range send {
+			readTake(cmds[k], calls[i].reqs)
+			s.merge(outcome, addrs[i], cmdErr(cmds[k]))
+		}
+		s.reportAll(outcome)
+	})
+	return nil
+}
+
+// readTake sets the results of reqs from their script call.
+func readTake(cmd *redis.Cmd, reqs []*TakeRequest) {
+	fail := func(st Status, err error) {
+		for _, r := range reqs {
+			r.Status, r.Err = st, err
+		}
+	}
+	if err := cmdErr(cmd); err != nil {
+		st := InDoubt
+		if isReply(err) {
+			st = Failed
+		}
+		fail(st, fmt.Errorf("store: redis take of %d requests: %w", len(reqs), err))
+		return
+	}
+	vals, err := cmd.Int64Slice()
+	if err != nil || len(vals) == 0 {
+		fail(InDoubt, fmt.Errorf("store: redis take: unreadable reply: %v", err))
+		return
+	}
+	switch vals[0] {
+	case 2:
+		fail(Failed, errDeadline)
+		return
+	case 3:
+		fail(InDoubt, errors.New("store: redis take: a later call overwrote this call's outcome"))
+		return
+	}
+	n := len(reqs[0].Rules)
+	if len(vals) != 1+len(reqs)*(1+2*n) {
+		fail(InDoubt, fmt.Errorf("store: redis take script replied %d values, want %d", len(vals), 1+len(reqs)*(1+2*n)))
+		return
+	}
+	at := 1
+	for _, r := range reqs {
+		r.Counts = resize(r.Counts, n)
+		r.Allowed = vals[at] == 1
+		at++
+		for j := range n {
+			r.Counts[j] = WindowCounts{Cur: vals[at], Prev: vals[at+1]}
+			at += 2
+		}
+		r.Status, r.Err = Applied, nil
+	}
 }
 
 // Time implements Store.

@@ -1,41 +1,51 @@
 // Package store defines where hybridlimit nodes meet: a Store holds the
-// cluster-wide counter of every key, rule and window. Two implementations
-// share one contract: Redis (NewRedis, on a go-redis UniversalClient, for
-// standalone, Sentinel and Cluster deployments) and Memory (NewMemory, for
-// tests, simulations and a single process).
+// cluster-wide counter of every key, rule and window, takes each node's
+// increments, and decides requests atomically for the synchronous mode.
+// Two implementations share one contract, tested by the same suite: Redis
+// (NewRedis, on any go-redis client: standalone, Sentinel or Cluster) and
+// Memory (NewMemory, for tests, simulations and a single process).
 //
-// Counter keys have the form
+// Users pass a Store to hybridlimit.Config and otherwise never call it: the
+// limiter's sync loop and its synchronous decisions do.
 //
-//	<prefix>:{<base64url(user key)>}:<window ms>:<window id>
+// # Delivery
 //
-// The user key is base64url-encoded, so it never contains '{' or '}': every
-// counter of one user key shares the Redis Cluster hash slot of its braces,
-// and no two user keys, whatever bytes they hold, share a counter.
+// Increments travel in Batches, each applied atomically and at most once:
+// every batch carries its node's identity and a sequence number, and the
+// store remembers, per node and group, the last sequence it applied. A
+// batch whose reply was lost (a timeout, a cut connection, a store that
+// hung and resumed) is sent again unchanged; the store applies it if it
+// never did, and otherwise only reads. With the sync loop sending every
+// unanswered batch again until it gets an answer, every increment is
+// applied exactly once, in every topology. What a store loses by itself
+// (Redis' asynchronous replication when a master fails over) is not
+// recovered: see the package documentation of the root module.
 package store
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
-	"strconv"
 	"time"
 )
 
 // Store is the shared state of a cluster of limiters. Implementations must
 // be safe for concurrent use.
 type Store interface {
-	// Apply runs ops, in one round trip where the implementation can. For
-	// each op it adds Delta to the counter Key (creating it at zero), sets
-	// the counter's expiry to ExpireAt when that is non-zero, and stores
-	// the counter's value after the addition in Total. A Delta of zero only
-	// reads the counter (a missing counter reads as zero and is not
-	// created). On error, the caller must assume nothing was applied,
-	// although some ops may have been.
-	Apply(ctx context.Context, ops []Op) error
+	// Group returns the group of a user key. All counters of a key are in
+	// its group; batches of one group from one node are applied in the
+	// order given, and a Take request reads and writes only its group.
+	// Groups are small non-negative integers (Redis Cluster: the key's hash
+	// slot).
+	Group(key string) int
 
-	// Take decides every request in reqs atomically per request: see
-	// TakeRequest. Errors that concern one request are reported in its Err;
-	// the returned error means no request was decided.
+	// Push applies batches and reports, in each batch's Status, Totals and
+	// Err, what became of it. The returned error is only for a failure of
+	// the whole call (a canceled context before anything was sent); every
+	// batch's Status is set either way.
+	Push(ctx context.Context, batches []*Batch) error
+
+	// Take decides every request in reqs (see TakeRequest), and reports in
+	// each request's Status and Err what became of it.
 	Take(ctx context.Context, reqs []*TakeRequest) error
 
 	// Time returns the store's clock. Limiters in a cluster align their
@@ -43,118 +53,154 @@ type Store interface {
 	Time(ctx context.Context) (time.Time, error)
 }
 
-// Op is one counter operation of Store.Apply. The counter is named by Key
-// or, when Key is empty, by Base, WindowMs and ID as CounterKey(Base,
-// WindowMs, ID) would name it: the sync loop passes the parts, so that a
-// store that writes the name straight onto the wire builds no string.
+// Counter names one window's counter of one user key.
+type Counter struct {
+	Key    string // the user key, any bytes
+	Window int64  // the window size, milliseconds
+	ID     int64  // the window's number: its start in Unix milliseconds / Window
+}
+
+// Op is one operation of a Batch: Delta added to Counter (creating it at
+// zero, with an expiry after the window stops counting; see ExpireAt). A
+// Delta of zero only reads the counter. Deltas may be negative: a node
+// takes back what it counted in error.
 type Op struct {
-	Key      string // the counter's key; empty: named by the next three fields
-	Base     string // the user key's prefix, from KeyBase
-	WindowMs int64  // the window size, milliseconds
-	ID       int64  // the window id
-	Delta    int64  // added to the counter; 0 reads it only
-	ExpireAt int64  // Unix milliseconds; 0 leaves the expiry alone
-	Total    int64  // out: the counter's value after the operation
+	Counter
+	Delta int64
 }
 
-// Name returns the counter's key.
-func (op *Op) Name() string {
-	if op.Key != "" {
-		return op.Key
+// Status is what became of a Batch or a TakeRequest.
+type Status uint8
+
+const (
+	// NotSent is a Status not set yet.
+	NotSent Status = iota
+	// Applied: the store applied it, now or before (a batch sent again);
+	// the results are set.
+	Applied
+	// Failed: the store did not apply it and never will; Err says why.
+	// The caller may send the same increments again in a new batch.
+	Failed
+	// InDoubt: it was sent but no answer came back, so the store may have
+	// applied it or may still. A Batch in doubt must be sent again
+	// unchanged (same Node, Group, Seq and Ops) before any later batch of
+	// its group; a TakeRequest in doubt is never applied after its
+	// Deadline.
+	InDoubt
+)
+
+// String returns the status's name.
+func (s Status) String() string {
+	switch s {
+	case NotSent:
+		return "not sent"
+	case Applied:
+		return "applied"
+	case Failed:
+		return "failed"
+	case InDoubt:
+		return "in doubt"
 	}
-	return CounterKey(op.Base, op.WindowMs, op.ID)
+	return "Status(?)"
 }
 
-// appendName appends the counter's key to b.
-func (op *Op) appendName(b []byte) []byte {
-	if op.Key != "" {
-		return append(b, op.Key...)
-	}
-	b = append(b, op.Base...)
-	b = strconv.AppendInt(b, op.WindowMs, 10)
-	b = append(b, ':')
-	return strconv.AppendInt(b, op.ID, 10)
+// Batch is a group of counter operations that the store applies
+// atomically and at most once.
+type Batch struct {
+	// Prefix namespaces the counters (hybridlimit.Config.Prefix).
+	Prefix string
+	// Node identifies the pushing limiter; with Group it names the marker
+	// that makes the batch at-most-once.
+	Node string
+	// Group is the group of every op's key (see Store.Group).
+	Group int
+	// Seq is greater than the Seq of every earlier batch of this Node and
+	// Group.
+	Seq uint64
+	// Ops are the operations, in order.
+	Ops []Op
+
+	// Results, set by Push.
+
+	// Totals holds, per op, the counter's value after the batch (or its
+	// current value, for a batch applied before). Push allocates it when
+	// its length is not len(Ops).
+	Totals []int64
+	// Status is what became of the batch.
+	Status Status
+	// Err says why the batch failed or is in doubt.
+	Err error
 }
 
 // TakeRule is one rule of a TakeRequest.
 type TakeRule struct {
-	Limit    int64 // cost admitted per window
-	WindowMs int64 // window size, milliseconds
-	Fixed    bool  // fixed window: the previous window does not count
+	Limit  int64 // cost admitted per window
+	Window int64 // window size, milliseconds
+	Fixed  bool  // fixed window: the previous window does not count
 }
 
-// TakeRequest is one decision made in the store (the synchronous mode). The
-// request is admitted when, for every rule i, with W its window and
-// e = NowUs mod W (in microseconds),
+// WindowCounts are one rule's counters as a TakeRequest saw them.
+type WindowCounts struct {
+	Cur  int64 // the window holding Now, after the request
+	Prev int64 // the window before (0 for a fixed rule)
+}
+
+// TakeRequest is one decision made in the store (the synchronous mode).
+// With W a rule's window and e = Now mod W, the request is admitted when
+// for every rule
 //
-//	prev_i·(W−e)/W + cur_i + Cost ≤ Limit_i     (sliding)
-//	cur_i + Cost ≤ Limit_i                      (fixed)
+//	prev·(W−e)/W + cur + Cost ≤ Limit     (sliding)
+//	cur + Cost ≤ Limit                    (fixed)
 //
-// where cur_i and prev_i are the counters Keys[2i] (the window holding NowUs) and
-// Keys[2i+1] (the window before). If it is admitted and Peek is false, or if
-// CountDenied is set and Peek is false, Cost is added to every cur_i
-// counter, and a counter created by that sets its expiry to ExpireAt[i].
+// where cur and prev are the counters of Key for the windows holding Now
+// and the one before; this is local.Rule.Admits, and the tests hold every
+// store to it. Unless Peek is set, an admitted request adds Cost to every
+// rule's cur counter, and so does a denied one under CountDenied.
 type TakeRequest struct {
-	Keys        []string   // per rule: the current window's counter, then the previous one's
-	Rules       []TakeRule // the rules, in order
-	ExpireAt    []int64    // per rule: expiry of a current counter this request creates, Unix ms
-	NowUs       int64      // the decision's instant, Unix microseconds
-	Cost        int64      // added to every rule's current counter when admitted
+	Prefix      string     // namespaces the counters
+	Key         string     // the user key
+	Rules       []TakeRule // the rules, in order (read-only, may be shared)
+	Now         int64      // the decision's instant, Unix microseconds on the store's clock
+	Deadline    int64      // the store applies nothing after this instant (Unix µs, store clock)
+	Cost        int64      // added to every rule's current counter
 	Peek        bool       // decide only: change nothing
 	CountDenied bool       // add Cost even when denied (the penalty)
 
-	// Results.
-	Allowed bool    // whether every rule admitted the request
-	Counts  []int64 // per rule: cur after the operation, then prev (2 per rule); allocated by the caller
-	Err     error   // what went wrong with this request alone
+	// Results, set by Take.
+
+	// Status is what became of the request.
+	Status Status
+	// Allowed reports whether every rule admitted the request.
+	Allowed bool
+	// Counts holds, per rule, the counters the decision saw (cur after the
+	// request). Take allocates it when its length is not len(Rules).
+	Counts []WindowCounts
+	// Err says why the request failed or is in doubt.
+	Err error
 }
 
-// Epsilon absorbs floating-point error in the sliding-window comparison.
-const Epsilon = 1e-9
-
-// Admits reports whether a request of cost admits under a rule with the
-// given counters, by the formula of TakeRequest. It is the one definition the
-// stores share with the limiter.
-func Admits(limit, windowMs, nowUs int64, fixed bool, cur, prev, cost int64) bool {
-	est := float64(cur)
-	if !fixed && prev > 0 {
-		w := windowMs * 1000
-		e := nowUs % w
-		est += float64(prev) * float64(w-e) / float64(w)
-	}
-	return est+float64(cost) <= float64(limit)+Epsilon
-}
-
-// ErrUnavailable is a sentinel for Store implementations and wrappers (the
-// simulation's outage, for one) to wrap when the store cannot be reached.
-// The stores of this package return the underlying network error instead.
+// ErrUnavailable is wrapped by the errors of requests and batches that a
+// store did not send because it knows the server to be unreachable (a
+// circuit breaker is open), and by wrappers (the simulation's outage).
 var ErrUnavailable = errors.New("store unavailable")
 
-// KeyBase returns the part of a counter key shared by every counter of
-// userKey: "<prefix>:{<base64url(userKey)>}:".
-func KeyBase(prefix, userKey string) string {
-	b := make([]byte, 0, len(prefix)+4+base64.RawURLEncoding.EncodedLen(len(userKey)))
-	b = append(b, prefix...)
-	b = append(b, ":{"...)
-	b = base64.RawURLEncoding.AppendEncode(b, []byte(userKey))
-	b = append(b, "}:"...)
-	return string(b)
+// ExpireAt returns when the counter of window id (size window ms) can go,
+// in Unix milliseconds: after the end of the next window, when it stops
+// being anyone's previous window, plus a minute of margin for clock
+// differences.
+func ExpireAt(window, id int64) int64 {
+	return (id+2)*window + 60_000
 }
 
-// CounterKey returns the key of one window's counter: base (from KeyBase),
-// the window size in milliseconds and the window id.
-func CounterKey(base string, windowMs, id int64) string {
-	buf := make([]byte, 0, len(base)+24)
-	buf = append(buf, base...)
-	buf = strconv.AppendInt(buf, windowMs, 10)
-	buf = append(buf, ':')
-	buf = strconv.AppendInt(buf, id, 10)
-	return string(buf)
-}
+// markerTTL is how long a store keeps a node's marker after the last batch
+// of its group: a batch sent again later than this after its first
+// sending, with no answer in between, may be applied twice.
+const markerTTL = 10 * time.Minute
 
-// ExpireAt returns when the counter of window id (size windowMs) can go:
-// after the end of the next window, when it stops being anyone's previous
-// window, plus a minute of margin for clock differences.
-func ExpireAt(windowMs, id int64) int64 {
-	return (id+2)*windowMs + 60_000
+// resize returns s with length n, reusing its storage when it can.
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
 }

@@ -1,22 +1,23 @@
-// Package syncloop is the sync loop of a hybridlimit Limiter: every cycle it
-// takes the pending increments of the keys this node touched, pushes them to
-// the store in one round trip (INCRBY per counter, which returns the merged
-// cluster total), and writes the totals back into the local table.
+// Package syncloop is the sync loop of a hybridlimit Limiter: every cycle
+// it takes the pending increments of the keys this node touched from the
+// local table, sends them to the store in batches (INCRBY, which returns
+// the merged cluster total), and hands the store's answers back to the
+// table. It owns the delivery protocol: every batch carries this node's
+// identity and a sequence number, and a batch whose answer was lost is sent
+// again unchanged until the store answers, so that the store applies every
+// increment exactly once (see package store).
 //
-// The package lives in the directory sync/ but is named syncloop so that it
-// reads well beside the standard library's sync; import it as
-//
-//	syncloop "github.com/hybridlimit/hybridlimit/sync"
-//
-// Users of hybridlimit never touch this package: Limiter runs it.
+// The package lives in the directory sync/ and is named syncloop. Users of
+// hybridlimit never import it: a Limiter runs it.
 package syncloop
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	gosync "sync"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,346 +31,417 @@ import (
 type Config struct {
 	Table  *local.Table
 	Store  store.Store
-	Prefix string // counter key prefix, see store.KeyBase
+	Prefix string // the store namespace of the counters
+	Node   string // this node's identity in the store's markers
 	// Now returns the current instant (ns since the Unix epoch) on the
 	// cluster's clock, as decisions see it.
 	Now func() int64
+	// Clock drives the schedule and measures latencies.
+	Clock clock.Clock
 	// Rate is the time between cycles.
 	Rate time.Duration
 	// Recent is how long after its last decision a key keeps being read
-	// back in every cycle, so that the node learns what other nodes admit
-	// for it even while it only pushes nothing.
+	// back in every cycle, so that the node learns what others admit.
 	Recent time.Duration
 	// Timeout bounds every store call.
 	Timeout time.Duration
-	// MaxBackoff bounds the wait between cycles while the store fails.
-	MaxBackoff time.Duration
-	// OnError, if set, receives every store error.
-	OnError func(error)
-	// OnSync, if set, receives every cycle's round-trip duration, counter
-	// operations and error.
-	OnSync func(latency time.Duration, ops int, err error)
-	// Logger, if set, receives store errors, at most one record per
-	// LogEvery.
+	// ClockSync is the period of MeasureOffset in Run; 0 or less: never.
+	ClockSync time.Duration
+	// OnError, OnSync, Logger and LogEvery report store errors and
+	// cycles; see hybridlimit.Config.
+	OnError  func(error)
+	OnSync   func(latency time.Duration, ops int, err error)
 	Logger   *slog.Logger
 	LogEvery time.Duration
 }
 
-// Loop runs sync cycles for one table. Cycle, Flush and MeasureOffset are
-// safe for concurrent use (cycles run one at a time); Run runs them on a
-// schedule. The zero value is not usable: create one with New.
+// Limits of a cycle.
+const (
+	maxOps     = 512  // counter operations per batch (one script call)
+	chunk      = 4096 // entries taken and pushed at a time: bounds the scratch memory
+	maxBackoff = 5 * time.Second
+)
+
+// Loop runs sync cycles for one table. Its methods are safe for
+// concurrent use; cycles run one at a time. Create one with New.
 type Loop struct {
 	cfg Config
+
 	wms []int64 // window per rule, ms
 
-	mu      gosync.Mutex // one cycle at a time; guards the scratch below
-	entries []*local.Entry
-	spans   []span
-	pushes  []local.Push
-	ops     []store.Op
-	cur     []int64
-	prev    []int64
+	mu       sync.Mutex // one cycle at a time; guards the fields below
+	flushing bool
+	seq      uint64
+	doubt    []*batch // batches in doubt, in the order they were first sent
+	entries  []*local.Entry
+	free     []*batch
 
-	cycles    atomic.Uint64
-	errs      atomic.Uint64
-	calls     atomic.Uint64
-	keys      atomic.Uint64
-	latency   atomic.Int64
-	failing   atomic.Bool
-	lastError atomic.Pointer[errBox]
-	offset    atomic.Int64
-	backoff   atomic.Int64
+	stats   counters
+	offset  atomic.Int64
+	failing atomic.Bool
+	// failed holds the groups whose batches failed in the last cycle, or
+	// nil when the whole store failed (a probe).
+	failed      atomic.Pointer[map[int]bool]
+	cycleFailed map[int]bool // being filled by the cycle under way
 
-	logMu      gosync.Mutex
+	logMu      sync.Mutex
 	lastLog    time.Time
 	suppressed int
 }
 
-type span struct {
-	e          *local.Entry
-	from, to   int // pushes[from:to]
-	opFrom     int
-	readLonger bool
+// batch is one store.Batch with the entries it carries: the pushes of
+// spans[k] are pushes[spans[k].from:spans[k].to], and op j of the batch is
+// push j.
+type batch struct {
+	sb     store.Batch
+	pushes []local.Push
+	spans  []span
+	doubt  bool // in doubt since an earlier call
 }
 
-type errBox struct{ err error }
+type span struct {
+	e        *local.Entry
+	from, to int
+	again    bool
+}
 
 // New returns a loop for cfg.
 func New(cfg Config) *Loop {
 	l := &Loop{cfg: cfg}
-	for _, w := range cfg.Table.Windows() {
-		l.wms = append(l.wms, w/int64(time.Millisecond))
-	}
-	if l.cfg.MaxBackoff == 0 {
-		l.cfg.MaxBackoff = max(5*time.Second, cfg.Rate)
+	for _, r := range cfg.Table.Rules() {
+		l.wms = append(l.wms, r.Window().Milliseconds())
 	}
 	return l
-}
-
-// Stats is a snapshot of a loop's counters.
-type Stats struct {
-	Cycles      uint64        // cycles that reached the store (successful or not)
-	Errors      uint64        // failed store calls
-	StoreCalls  uint64        // round trips to the store
-	KeysPushed  uint64        // counter operations sent
-	LastLatency time.Duration // duration of the last successful cycle's round trip
-	Failing     bool          // the last store call failed
-	LastError   error         // the last store error, nil if none
-	Offset      time.Duration // the store's clock minus this node's
-	Backoff     time.Duration // current wait before the next cycle
-}
-
-// Stats returns the loop's counters.
-func (l *Loop) Stats() Stats {
-	s := Stats{
-		Cycles:      l.cycles.Load(),
-		Errors:      l.errs.Load(),
-		StoreCalls:  l.calls.Load(),
-		KeysPushed:  l.keys.Load(),
-		LastLatency: time.Duration(l.latency.Load()),
-		Failing:     l.failing.Load(),
-		Offset:      time.Duration(l.offset.Load()),
-		Backoff:     time.Duration(l.backoff.Load()),
-	}
-	if b := l.lastError.Load(); b != nil {
-		s.LastError = b.err
-	}
-	return s
 }
 
 // Failing reports whether the last store call failed.
 func (l *Loop) Failing() bool { return l.failing.Load() }
 
-// keyBase returns the store key prefix of a user key.
-func (l *Loop) keyBase(key string) string { return store.KeyBase(l.cfg.Prefix, key) }
-
-// ReportError records a store error met outside the loop (a synchronous
-// decision) in the loop's statistics and passes it to OnError.
-func (l *Loop) ReportError(err error) { l.fail(err) }
-
-func (l *Loop) fail(err error) {
-	l.errs.Add(1)
-	l.failing.Store(true)
-	l.lastError.Store(&errBox{err})
-	if l.cfg.OnError != nil {
-		l.cfg.OnError(err)
-	}
-	if l.cfg.Logger != nil {
-		l.logMu.Lock()
-		now := time.Now()
-		if now.Sub(l.lastLog) < l.cfg.LogEvery {
-			l.suppressed++
-			l.logMu.Unlock()
-			return
-		}
-		n := l.suppressed + 1
-		l.lastLog, l.suppressed = now, 0
-		l.logMu.Unlock()
-		l.cfg.Logger.Warn("hybridlimit: store error", "err", err, "errors", n, "since", l.cfg.LogEvery)
-	}
+// KeyFailing reports whether the store failed for key's group in the last
+// cycle (or failed as a whole). It is meaningful only while Failing.
+func (l *Loop) KeyFailing(key string) bool {
+	m := l.failed.Load()
+	return m == nil || (*m)[l.cfg.Store.Group(key)]
 }
 
-// Cycle runs one sync cycle over the entries touched since the last one.
-// It makes no store call when there is nothing to push or read.
-func (l *Loop) Cycle(ctx context.Context) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.entries = l.cfg.Table.Drain(l.entries)
-	if len(l.entries) == 0 && l.failing.Load() {
-		// Nothing to push, but the store was failing: probe it, so that
-		// a fail-closed limiter learns that it is back.
-		return l.probe(ctx)
-	}
-	return l.push(ctx, l.entries)
-}
-
-func (l *Loop) probe(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
-	defer cancel()
-	l.calls.Add(1)
-	if _, err := l.cfg.Store.Time(ctx); err != nil {
-		l.fail(err)
-		return err
-	}
-	l.failing.Store(false)
-	return nil
-}
-
-// Flush pushes the pending increments of every entry of the table, touched
-// or not. Close uses it so that nothing admitted is left unpushed.
-func (l *Loop) Flush(ctx context.Context) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.entries = l.cfg.Table.Drain(l.entries)
-	queued := make(map[*local.Entry]bool, len(l.entries))
-	for _, e := range l.entries {
-		queued[e] = true
-	}
-	l.cfg.Table.Range(func(e *local.Entry) bool {
-		if !queued[e] {
-			l.entries = append(l.entries, e)
-		}
-		return true
-	})
-	return l.push(ctx, l.entries)
-}
-
-func (l *Loop) push(ctx context.Context, entries []*local.Entry) error {
-	if len(entries) == 0 {
-		return nil
-	}
-	now := l.cfg.Now()
-	l.spans, l.pushes, l.ops = l.spans[:0], l.pushes[:0], l.ops[:0]
-	for _, e := range entries {
-		base := e.StoreBase(l.keyBase) // built once per key, then cached
-		s := span{e: e, from: len(l.pushes), opFrom: len(l.ops)}
-		l.pushes, s.readLonger = e.Take(now, l.pushes)
-		s.to = len(l.pushes)
-		for _, p := range l.pushes[s.from:s.to] {
-			wms := l.wms[p.Rule]
-			// Counters are named by their parts: the store writes the
-			// name without building a string.
-			op := store.Op{Base: base, WindowMs: wms, ID: p.Win, Delta: p.Delta}
-			if p.ExpireCur {
-				op.ExpireAt = store.ExpireAt(wms, p.Win)
-			}
-			l.ops = append(l.ops, op)
-			if p.Prev {
-				op := store.Op{Base: base, WindowMs: wms, ID: p.Win - 1, Delta: p.PrevDelta}
-				if p.ExpirePrev {
-					op.ExpireAt = store.ExpireAt(wms, p.Win-1)
-				}
-				l.ops = append(l.ops, op)
-			}
-		}
-		l.spans = append(l.spans, s)
-	}
-	// A large batch gets time in proportion: 10µs per operation on top of
-	// Timeout (100k keys: +1s), so that a cycle after a long outage does
-	// not time out again and again.
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout+time.Duration(len(l.ops))*10*time.Microsecond)
-	start := time.Now()
-	err := l.cfg.Store.Apply(ctx, l.ops)
-	cancel()
-	if l.cfg.OnSync != nil {
-		l.cfg.OnSync(time.Since(start), len(l.ops), err)
-	}
-	l.cycles.Add(1)
-	l.calls.Add(1)
-	if err != nil {
-		for _, s := range l.spans {
-			l.cfg.Table.AddDropped(s.e.Fail(l.pushes[s.from:s.to]))
-			l.cfg.Table.Touch(s.e)
-		}
-		l.release()
-		l.fail(err)
-		return err
-	}
-	l.latency.Store(int64(time.Since(start)))
-	l.keys.Add(uint64(len(l.ops)))
-	l.failing.Store(false)
-	for _, s := range l.spans {
-		l.cur, l.prev = l.cur[:0], l.prev[:0]
-		k := s.opFrom
-		for _, p := range l.pushes[s.from:s.to] {
-			l.cur = append(l.cur, l.ops[k].Total)
-			k++
-			if p.Prev {
-				l.prev = append(l.prev, l.ops[k].Total)
-				k++
-			} else {
-				l.prev = append(l.prev, 0)
-			}
-		}
-		s.e.Ack(l.pushes[s.from:s.to], l.cur, l.prev)
-		if s.readLonger || now-s.e.LastSeen() < int64(l.cfg.Recent) {
-			l.cfg.Table.Touch(s.e)
-		}
-	}
-	l.release()
-	return nil
-}
-
-// release drops the scratch slices' references, and the slices themselves
-// after an unusually large cycle, so that a burst of keys does not pin
-// memory for the life of the limiter.
-func (l *Loop) release() {
-	clear(l.ops) // key strings
-	clear(l.entries)
-	clear(l.spans)
-	const keep = 1 << 14
-	if cap(l.ops) > keep && len(l.ops) < cap(l.ops)/4 {
-		l.ops, l.pushes, l.spans, l.entries = nil, nil, nil, nil
-	}
-}
-
-// MeasureOffset reads the store's clock and records its offset to this
-// node's clock (c), correcting for half the round trip. Decisions add the
-// offset (see Offset) so that every node's windows follow the store's clock.
-func (l *Loop) MeasureOffset(ctx context.Context, c clock.Clock) error {
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
-	defer cancel()
-	t0 := c.Now()
-	st, err := l.cfg.Store.Time(ctx)
-	l.calls.Add(1)
-	if err != nil {
-		l.fail(err)
-		return err
-	}
-	l.failing.Store(false)
-	t1 := c.Now()
-	mid := t0.Add(t1.Sub(t0) / 2)
-	l.offset.Store(int64(st.Sub(mid)))
-	return nil
-}
+// Backoff returns the wait before the next cycle.
+func (l *Loop) Backoff() time.Duration { return time.Duration(l.stats.backoff.Load()) }
 
 // Offset returns the last measured offset of the store's clock to this
 // node's, in nanoseconds.
 func (l *Loop) Offset() int64 { return l.offset.Load() }
 
-// Schedule is what Run does besides sync cycles.
-type Schedule struct {
-	Clock clock.Clock
-	// ClockSync is the period of MeasureOffset; 0 or negative never.
-	ClockSync time.Duration
-	// Evict, if set, is called every EvictEvery.
-	Evict      func()
-	EvictEvery time.Duration
-	// Sync disables cycles when false (local mode: eviction only).
-	Sync bool
+// ReportError records a store error met outside the loop (a synchronous
+// decision) in the loop's statistics, log and OnError.
+func (l *Loop) ReportError(err error) { l.fail(err) }
+
+func (l *Loop) fail(err error) {
+	l.failing.Store(true)
+	l.report(err)
 }
 
-// Run runs cycles every Rate (backing off exponentially, with jitter, up to
-// MaxBackoff while the store fails), measures the clock offset and calls
-// Evict, until stop is closed.
-func (l *Loop) Run(stop <-chan struct{}, s Schedule) {
+// report counts, logs and passes on a store error.
+func (l *Loop) report(err error) {
+	l.stats.errors.Add(1)
+	l.stats.lastError.Store(&errBox{err})
+	if l.cfg.OnError != nil {
+		l.cfg.OnError(err)
+	}
+	l.log("hybridlimit: store error", "err", err)
+}
+
+// log writes a warning, at most one per LogEvery, with the count of those
+// suppressed since the last one.
+func (l *Loop) log(msg string, args ...any) {
+	if l.cfg.Logger == nil {
+		return
+	}
+	l.logMu.Lock()
+	now := l.cfg.Clock.Now()
+	if !l.lastLog.IsZero() && now.Sub(l.lastLog) < l.cfg.LogEvery {
+		l.suppressed++
+		l.logMu.Unlock()
+		return
+	}
+	n := l.suppressed
+	l.lastLog, l.suppressed = now, 0
+	l.logMu.Unlock()
+	l.cfg.Logger.Warn(msg, append(args, "suppressed", n, "since", l.cfg.LogEvery)...)
+}
+
+// Cycle runs one sync cycle over the entries touched since the last one
+// and the batches still in doubt. It makes no store call when there is
+// nothing to send, except a probe while the store is failing. It returns
+// the first store error, and errNoneApplied-wrapping errors when no batch
+// of the cycle was applied.
+func (l *Loop) Cycle(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	start := l.cfg.Clock.Now()
+	l.entries = l.cfg.Table.Touched(l.entries)
+	if len(l.entries) == 0 && len(l.doubt) == 0 {
+		if l.failing.Load() {
+			return l.probe(ctx)
+		}
+		return nil
+	}
+	l.cycleFailed = map[int]bool{}
+	res := l.sendAll(ctx, l.entries, false)
+	failed := l.cycleFailed
+	l.failed.Store(&failed)
+	keys := len(l.entries)
+	clear(l.entries)
+	end := l.cfg.Clock.Now()
+	l.stats.cycle(start, end, keys)
+	if d := end.Sub(start); d > l.cfg.Rate {
+		l.log("hybridlimit: sync cycle slower than Config.SyncRate: decisions see the cluster later than the rate says",
+			"cycle", d, "rate", l.cfg.Rate, "keys", keys)
+	}
+	return res.err()
+}
+
+// sendAll sends entries in chunks, the batches in doubt first.
+func (l *Loop) sendAll(ctx context.Context, entries []*local.Entry, final bool) result {
+	var res result
+	for from := 0; from < len(entries) || (from == 0 && len(l.doubt) > 0); from += chunk {
+		res.add(l.send(ctx, entries[min(from, len(entries)):min(from+chunk, len(entries))], final))
+	}
+	return res
+}
+
+// result sums the outcome of the calls of a cycle.
+type result struct {
+	applied, failed int // batches
+	first           error
+}
+
+func (r *result) add(o result) {
+	r.applied += o.applied
+	r.failed += o.failed
+	if r.first == nil {
+		r.first = o.first
+	}
+}
+
+// errNoneApplied marks a cycle in which no batch reached the store: Run
+// backs off after it. A cycle in which some batches were applied (a dead
+// shard of a cluster) keeps the rate.
+var errNoneApplied = errors.New("no batch applied")
+
+func (r *result) err() error {
+	switch {
+	case r.first == nil:
+		return nil
+	case r.applied == 0:
+		return fmt.Errorf("%w (%w)", r.first, errNoneApplied)
+	}
+	return r.first
+}
+
+// send takes the pending increments of entries (sealing them when final),
+// pushes them after the batches in doubt, and hands the outcome back to
+// the table.
+func (l *Loop) send(ctx context.Context, entries []*local.Entry, final bool) result {
+	now := l.cfg.Now()
+	batches := append([]*batch(nil), l.doubt...)
+	l.doubt = l.doubt[:0]
+	open := map[int]*batch{}
+	for _, e := range entries {
+		g := l.cfg.Store.Group(e.Key())
+		b := open[g]
+		if b == nil || len(b.pushes) >= maxOps {
+			b = l.newBatch(g)
+			open[g] = b
+			batches = append(batches, b)
+		}
+		s := span{e: e, from: len(b.pushes)}
+		if final {
+			b.pushes = l.cfg.Table.TakeFinal(e, now, b.pushes)
+		} else {
+			b.pushes, s.again = l.cfg.Table.Take(e, now, b.pushes)
+		}
+		s.to = len(b.pushes)
+		for _, p := range b.pushes[s.from:s.to] {
+			b.sb.Ops = append(b.sb.Ops, store.Op{
+				Counter: store.Counter{Key: e.Key(), Window: l.wms[p.Rule], ID: p.Win},
+				Delta:   p.Delta,
+			})
+		}
+		b.spans = append(b.spans, s)
+	}
+	// Entries sealed before have nothing to send.
+	kept := batches[:0]
+	for _, b := range batches {
+		if len(b.sb.Ops) > 0 {
+			kept = append(kept, b)
+		} else {
+			l.recycle(b)
+		}
+	}
+	return l.push(ctx, kept, now)
+}
+
+func (l *Loop) newBatch(group int) *batch {
+	var b *batch
+	if n := len(l.free); n > 0 {
+		b, l.free = l.free[n-1], l.free[:n-1]
+	} else {
+		b = &batch{}
+	}
+	l.seq++
+	b.sb = store.Batch{Prefix: l.cfg.Prefix, Node: l.cfg.Node, Group: group, Seq: l.seq, Ops: b.sb.Ops[:0], Totals: b.sb.Totals}
+	b.pushes, b.spans, b.doubt = b.pushes[:0], b.spans[:0], false
+	return b
+}
+
+// recycle keeps b's storage for a later batch, unless it grew unusually.
+func (l *Loop) recycle(b *batch) {
+	clear(b.spans)
+	clear(b.sb.Ops)
+	if cap(b.sb.Ops) > 4*maxOps || len(l.free) >= 64 {
+		return
+	}
+	l.free = append(l.free, b)
+}
+
+// push sends batches and hands the outcome of each to the table.
+func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
+	if len(batches) == 0 {
+		return result{}
+	}
+	sbs := make([]*store.Batch, len(batches))
+	ops := 0
+	for i, b := range batches {
+		sbs[i] = &b.sb
+		ops += len(b.sb.Ops)
+	}
+	// A large call gets time in proportion: 10µs per operation on top of
+	// Timeout (100k counters: +1s).
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout+time.Duration(ops)*10*time.Microsecond)
+	start := l.cfg.Clock.Now()
+	_ = l.cfg.Store.Push(cctx, sbs)
+	cancel()
+	latency := l.cfg.Clock.Now().Sub(start)
+	l.stats.calls.Add(1)
+	var res result
+	for _, b := range batches {
+		switch b.sb.Status {
+		case store.Applied:
+			res.applied++
+			l.stats.ops.Add(uint64(len(b.sb.Ops)))
+			for _, s := range b.spans {
+				l.cfg.Table.Settle(s.e, b.pushes[s.from:s.to], b.sb.Totals[s.from:s.to])
+				if !l.flushing && (s.again || now-s.e.LastSeen() < int64(l.cfg.Recent)) {
+					l.cfg.Table.Requeue(s.e)
+				}
+			}
+			if b.sb.Err != nil && res.first == nil {
+				res.first = b.sb.Err // a corrupt counter: the rest was applied
+			}
+			l.recycle(b)
+		case store.InDoubt:
+			b.doubt = true
+			fallthrough
+		default:
+			res.failed++
+			if res.first == nil {
+				res.first = b.sb.Err
+			}
+			if l.cycleFailed != nil {
+				l.cycleFailed[b.sb.Group] = true
+			}
+			if b.doubt {
+				// Once in doubt, only an answer resolves it: send it
+				// again, unchanged, before any later batch of its group.
+				l.doubt = append(l.doubt, b)
+				continue
+			}
+			for _, s := range b.spans {
+				l.cfg.Table.Release(s.e, b.pushes[s.from:s.to])
+				l.cfg.Table.Requeue(s.e)
+			}
+			l.recycle(b)
+		}
+	}
+	if res.first == nil {
+		res.first = ctx.Err()
+	}
+	l.stats.doubt.Store(int64(len(l.doubt)))
+	if res.failed > 0 {
+		err := res.first
+		if err == nil {
+			err = errors.New("store: batch not applied")
+		}
+		l.fail(err)
+	} else {
+		l.failing.Store(false)
+		l.stats.latency.Store(int64(latency))
+	}
+	if l.cfg.OnSync != nil {
+		var err error
+		if res.failed > 0 {
+			err = res.first
+		}
+		l.cfg.OnSync(latency, ops, err)
+	}
+	return res
+}
+
+func (l *Loop) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	defer cancel()
+	l.stats.calls.Add(1)
+	if _, err := l.cfg.Store.Time(ctx); err != nil {
+		l.failed.Store(nil)
+		l.fail(err)
+		return fmt.Errorf("%w (%w)", err, errNoneApplied)
+	}
+	l.failing.Store(false)
+	return nil
+}
+
+// MeasureOffset reads the store's clock and records its offset to this
+// node's clock, correcting for half the round trip. Decisions add the
+// offset so that every node's windows follow the store's clock.
+func (l *Loop) MeasureOffset(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	defer cancel()
+	c := l.cfg.Clock
+	t0 := c.Now()
+	st, err := l.cfg.Store.Time(ctx)
+	l.stats.calls.Add(1)
+	if err != nil {
+		l.report(err) // the next cycle or probe tells whether the store fails
+		return err
+	}
+	t1 := c.Now()
+	l.offset.Store(int64(st.Sub(t0.Add(t1.Sub(t0) / 2))))
+	return nil
+}
+
+// Run runs cycles every Rate (backing off exponentially, with jitter, up
+// to max(5s, Rate) while no batch reaches the store) and measures the
+// clock offset every ClockSync, until stop is closed. It measures the
+// offset once before the first cycle.
+func (l *Loop) Run(stop <-chan struct{}) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
 		<-stop
 		cancel()
 	}()
-	c := s.Clock
+	c := l.cfg.Clock
 	now := c.Now()
-	nextSync, nextClock, nextEvict := now, now, now.Add(s.EvictEvery)
-	if s.ClockSync > 0 {
-		_ = l.MeasureOffset(ctx, c)
-		nextClock = now.Add(s.ClockSync)
+	nextClock := now.Add(l.cfg.ClockSync)
+	if l.cfg.ClockSync > 0 {
+		_ = l.MeasureOffset(ctx)
 	}
 	delay := l.cfg.Rate
-	l.backoff.Store(int64(delay))
-	if s.Sync {
-		nextSync = now.Add(delay)
-	}
+	l.stats.backoff.Store(int64(delay))
+	nextSync := now.Add(delay)
 	for {
-		next := nextEvict
-		if s.Evict == nil {
-			next = now.Add(time.Hour)
-		}
-		if s.Sync && nextSync.Before(next) {
-			next = nextSync
-		}
-		if s.ClockSync > 0 && nextClock.Before(next) {
+		next := nextSync
+		if l.cfg.ClockSync > 0 && nextClock.Before(next) {
 			next = nextClock
 		}
 		t := c.Timer(next.Sub(now))
@@ -380,27 +452,82 @@ func (l *Loop) Run(stop <-chan struct{}, s Schedule) {
 		case <-t.C:
 		}
 		now = c.Now()
-		if s.Sync && !now.Before(nextSync) {
+		if !now.Before(nextSync) {
 			err := l.Cycle(ctx)
 			switch {
-			case err == nil:
-				delay = l.cfg.Rate
-			case errors.Is(err, context.Canceled) && ctx.Err() != nil:
+			case ctx.Err() != nil:
 				return
-			default:
-				delay = min(max(2*delay, l.cfg.Rate), l.cfg.MaxBackoff)
+			case errors.Is(err, errNoneApplied):
+				delay = min(max(2*delay, l.cfg.Rate), max(maxBackoff, l.cfg.Rate))
 				delay += time.Duration(rand.Int64N(int64(delay)/5 + 1))
+			default:
+				delay = l.cfg.Rate
 			}
-			l.backoff.Store(int64(delay))
+			l.stats.backoff.Store(int64(delay))
 			nextSync = now.Add(delay)
 		}
-		if s.ClockSync > 0 && !now.Before(nextClock) {
-			_ = l.MeasureOffset(ctx, c)
-			nextClock = now.Add(s.ClockSync)
-		}
-		if s.Evict != nil && !now.Before(nextEvict) {
-			s.Evict()
-			nextEvict = now.Add(s.EvictEvery)
+		if l.cfg.ClockSync > 0 && !now.Before(nextClock) {
+			_ = l.MeasureOffset(ctx)
+			nextClock = now.Add(l.cfg.ClockSync)
 		}
 	}
+}
+
+// Flush is Close's final push: it closes the table, takes every entry's
+// pending increments, sealing the entry, and pushes them, with the
+// batches still in doubt, again and again until every batch is applied or
+// ctx ends. It returns nil when every increment reached the store, and
+// otherwise an error counting those that did not (or whose fate is
+// unknown).
+func (l *Loop) Flush(ctx context.Context) error {
+	defer l.cfg.Table.FlushDone()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.flushing = true
+	l.cfg.Table.Close()
+	l.sendAll(ctx, l.cfg.Table.Entries(nil), true)
+	wait := 10 * time.Millisecond
+	for {
+		// What failed went back to its entries, which are queued again.
+		l.entries = l.cfg.Table.Touched(l.entries)
+		if len(l.entries) == 0 && len(l.doubt) == 0 {
+			return nil
+		}
+		t := time.NewTimer(wait) // wall time, like ctx: Close waits in real time
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return l.unflushed(ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+		l.sendAll(ctx, l.entries, false)
+	}
+}
+
+// unflushed returns Flush's error: the increments taken but not applied.
+func (l *Loop) unflushed(cause error) error {
+	var n, keys int64
+	count := func(b *batch) {
+		for _, s := range b.spans {
+			keys++
+			for _, p := range b.pushes[s.from:s.to] {
+				n += max(p.Delta, 0)
+			}
+		}
+	}
+	for _, b := range l.doubt {
+		count(b)
+	}
+	for _, e := range l.entries {
+		if u := l.cfg.Table.Unsynced(e); u > 0 {
+			n += u
+			keys++
+		}
+	}
+	last := cause
+	if b := l.stats.lastError.Load(); b != nil {
+		last = fmt.Errorf("%w; last store error: %w", cause, b.err)
+	}
+	return fmt.Errorf("hybridlimit: Close: %d increments of %d keys may not have reached the store: %w", n, keys, last)
 }

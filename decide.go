@@ -1,0 +1,242 @@
+package hybridlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/local"
+)
+
+// Errors returned by decisions.
+var (
+	// ErrClosed is returned by decisions on a Limiter after Close.
+	ErrClosed = errors.New("hybridlimit: limiter is closed")
+	// ErrEmptyKey is returned for an empty key.
+	ErrEmptyKey = errors.New("hybridlimit: empty key")
+	// ErrKeyTooLong is wrapped by the error returned for a key longer than
+	// Config.MaxKeyLen.
+	ErrKeyTooLong = errors.New("hybridlimit: key too long")
+	// ErrCost is wrapped by the error returned for a cost below 1 or above
+	// the smallest limit.
+	ErrCost = errors.New("hybridlimit: invalid cost")
+)
+
+// Result is the outcome of one decision. Limit, Remaining and ResetAfter
+// describe one rule, Rule: when the request is denied, the denying rule
+// that needs the longest wait; otherwise the tightest rule (the least
+// remaining).
+type Result struct {
+	// Allowed reports whether the request was admitted (for Peek: would be).
+	Allowed bool
+	// Degraded reports that the store failed and the decision was made by
+	// the FailurePolicy (or the key table was full).
+	Degraded bool
+	// Rule is the index in Config.Rules of the rule described below.
+	Rule int
+	// Limit and Window are that rule's.
+	Limit  int64
+	Window time.Duration
+	// Remaining is the cost that rule still admits, after this request.
+	Remaining int64
+	// RetryAfter is how long until this same request would be admitted, if
+	// nothing else is admitted meanwhile: zero when Allowed.
+	RetryAfter time.Duration
+	// ResetAfter is how long until that rule is back to its full limit, if
+	// nothing else is admitted meanwhile.
+	ResetAfter time.Duration
+}
+
+// result turns a decision of package local into a Result.
+func (l *Limiter) result(d local.Decision) Result {
+	r := &l.cfg.Rules[d.Rule]
+	return Result{
+		Allowed:    d.Allowed,
+		Rule:       d.Rule,
+		Limit:      r.Limit,
+		Window:     r.Window,
+		Remaining:  d.Remaining,
+		RetryAfter: time.Duration(d.RetryAfter),
+		ResetAfter: time.Duration(d.ResetAfter),
+	}
+}
+
+// Allow is AllowN(ctx, key, 1).
+func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
+	return l.AllowN(ctx, key, 1)
+}
+
+// AllowN decides a request of cost n for key and, if it is admitted,
+// consumes n from every rule. In ModeLocal and ModeAsync it does no I/O and
+// ignores ctx; in ModeSynchronous it makes one round trip to the store
+// (shared with concurrent decisions) and returns ctx's error if ctx is done
+// before it starts. The error is non-nil only for invalid input (an empty or
+// oversized key, n < 1 or n above the smallest limit), after Close, or for a
+// done ctx; store failures are decided by the FailurePolicy and reported in
+// Result.Degraded.
+func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, error) {
+	if err := l.check(key, n, "AllowN"); err != nil {
+		return Result{Rule: -1}, err
+	}
+	if l.sync != nil {
+		return l.sync.decide(ctx, key, n, false)
+	}
+	if l.cfg.FailurePolicy == FailClosed && l.loop != nil && l.loop.Failing() && l.loop.KeyFailing(key) {
+		return l.failClosed(), nil
+	}
+	return l.decideLocal(key, n, l.clock.now())
+}
+
+// decideLocal decides on this node's table.
+func (l *Limiter) decideLocal(key string, n, now int64) (Result, error) {
+	d, st := l.table.Allow(key, n, now)
+	switch st {
+	case local.Decided:
+		return l.result(d), nil
+	case local.Full:
+		return l.untracked(n), nil
+	}
+	return Result{Rule: -1}, ErrClosed
+}
+
+// Peek is PeekN(ctx, key, 1).
+func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
+	return l.PeekN(ctx, key, 1)
+}
+
+// PeekN reports whether a request of cost n for key would be admitted now,
+// without consuming anything. Remaining is what is left before the request.
+// It makes a store round trip in ModeSynchronous only.
+func (l *Limiter) PeekN(ctx context.Context, key string, n int64) (Result, error) {
+	if err := l.check(key, n, "PeekN"); err != nil {
+		return Result{Rule: -1}, err
+	}
+	if l.sync != nil {
+		return l.sync.decide(ctx, key, n, true)
+	}
+	return l.result(l.table.Peek(key, n, l.clock.now())), nil
+}
+
+// Wait is WaitN(ctx, key, 1).
+func (l *Limiter) Wait(ctx context.Context, key string) (Result, error) {
+	return l.WaitN(ctx, key, 1)
+}
+
+// WaitN blocks until a request of cost n for key is admitted, and consumes
+// it. It returns an error, without waiting, if ctx's deadline comes before
+// the request could be admitted, and ctx's error if ctx is done while
+// waiting. Time is measured on the configured Clock.
+func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error) {
+	for {
+		res, err := l.AllowN(ctx, key, n)
+		if err != nil || res.Allowed {
+			return res, err
+		}
+		wait := max(res.RetryAfter, time.Microsecond)
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait { // deadlines are wall-clock time
+			return res, fmt.Errorf("hybridlimit: WaitN(n=%d) would wait %v, past the context deadline", n, wait)
+		}
+		t := l.cfg.Clock.Timer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return res, ctx.Err()
+		case <-l.stop:
+			t.Stop()
+			return res, ErrClosed
+		case <-t.C:
+		}
+	}
+}
+
+// RuleState is one rule's state for one key.
+type RuleState struct {
+	// Rule is the index in Config.Rules; Limit and Window are that rule's.
+	Rule   int
+	Limit  int64
+	Window time.Duration
+	// Remaining is the cost the rule still admits now.
+	Remaining int64
+	// ResetAfter is how long until the rule is back to its full limit, if
+	// nothing is admitted meanwhile.
+	ResetAfter time.Duration
+}
+
+// State appends the state of every rule for key, as this node sees it now,
+// to dst and returns the extended slice. It consumes nothing and does no
+// I/O in any mode: in ModeSynchronous it reports the counts seen by this
+// node's last decision on key. Use it to fill per-rule response headers
+// after a decision. It allocates only when dst lacks room.
+func (l *Limiter) State(ctx context.Context, key string, dst []RuleState) ([]RuleState, error) {
+	if err := l.check(key, 1, "State"); err != nil {
+		return dst, err
+	}
+	var counts [MaxRules]local.Counts
+	l.table.View(key, l.clock.now(), counts[:len(l.rules)])
+	for i := range l.rules {
+		rem, reset := l.rules[i].Level(counts[i])
+		r := &l.cfg.Rules[i]
+		dst = append(dst, RuleState{Rule: i, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset)})
+	}
+	return dst, nil
+}
+
+func (l *Limiter) check(key string, n int64, op string) error {
+	switch {
+	case l.closed.Load():
+		return ErrClosed
+	case len(key) == 0:
+		return ErrEmptyKey
+	case len(key) > l.cfg.MaxKeyLen:
+		return &inputError{fmt.Sprintf("hybridlimit: key of %d bytes exceeds Config.MaxKeyLen %d", len(key), l.cfg.MaxKeyLen), ErrKeyTooLong}
+	case n < 1:
+		return &inputError{fmt.Sprintf("hybridlimit: %s(n=%d): cost must be at least 1", op, n), ErrCost}
+	case n > l.minLimit:
+		return &inputError{fmt.Sprintf("hybridlimit: %s(n=%d) exceeds Config.Rules[%d].Limit %d: it can never be admitted", op, n, l.minRule, l.minLimit), ErrCost}
+	}
+	return nil
+}
+
+// inputError is an error about the caller's input, wrapping a sentinel.
+type inputError struct {
+	msg  string
+	kind error
+}
+
+func (e *inputError) Error() string { return e.msg }
+func (e *inputError) Unwrap() error { return e.kind }
+
+// untracked decides a request of cost n for a new key while the table is
+// full: FailOpen admits it (the cost fits every limit: check made sure),
+// FailClosed denies it.
+func (l *Limiter) untracked(n int64) Result {
+	l.overflow.Add(1)
+	res := l.fresh()
+	res.Degraded = true
+	if l.cfg.FailurePolicy == FailClosed {
+		l.untrackedDenied.Add(1)
+		res.Allowed, res.RetryAfter = false, time.Second
+		return res
+	}
+	l.untrackedAllowed.Add(1)
+	res.Remaining -= n
+	return res
+}
+
+// failClosed denies a request while the store fails, under FailClosed.
+func (l *Limiter) failClosed() Result {
+	l.degraded.Add(1)
+	l.untrackedDenied.Add(1)
+	res := l.fresh()
+	res.Allowed, res.Degraded, res.Remaining = false, true, 0
+	res.RetryAfter = l.loop.Backoff()
+	return res
+}
+
+// fresh returns the result for a key with no counts: the tightest rule,
+// untouched.
+func (l *Limiter) fresh() Result {
+	r := &l.cfg.Rules[l.minRule]
+	return Result{Allowed: true, Rule: l.minRule, Limit: r.Limit, Window: r.Window, Remaining: r.Limit}
+}

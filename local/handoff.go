@@ -1,0 +1,211 @@
+package local
+
+// The handoff with the sync loop. Take moves an entry's pending increments
+// to in-flight and describes them as Pushes; after the store answers, the
+// loop hands the pushes back with Settle (applied, with the store's
+// totals) or Release (not applied: push them again later). Between Take
+// and Settle or Release the increments still count in every decision, so
+// nothing is lost or counted twice, whatever the store does.
+
+// Push is one counter operation the sync loop sends to the store for an
+// entry: Delta (signed; 0 only reads) added to the store's counter of rule
+// Rule's window Win.
+type Push struct {
+	Rule  int
+	Win   int64
+	Delta int64
+	kind  pushKind
+}
+
+type pushKind uint8
+
+const (
+	pushCur   pushKind = iota // the counter's current window when taken
+	pushPrev                  // the window before it
+	pushStale                 // an older window: increments only, never read back
+)
+
+// Reads reports whether the store's total after the push matters to the
+// entry (Settle uses it); stale pushes only deliver increments.
+func (p *Push) Reads() bool { return p.kind != pushStale }
+
+// Take appends to dst what the sync loop must send for e at now: for every
+// rule its current window (the pending increments, or a read) and, where
+// needed, the previous window and an older one. It reports whether e must
+// stay queued for the next cycle even without new decisions (it still
+// reads a previous window, or holds stale increments).
+func (t *Table) Take(e *Entry, now int64, dst []Push) ([]Push, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return t.takeLocked(e, now, dst)
+}
+
+func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
+	again := false
+	for i := range e.c {
+		c, s := &e.c[i], &e.s[i]
+		// Freeze the word as a rollover does, so that no decision reads
+		// the count moved to base twice, or not at all.
+		w := freeze(c)
+		delta := w.count() + s.adj
+		s.adj = 0
+		s.inflight += delta
+		c.base.Add(w.count()) // base = store total + in-flight + adjustments
+		c.word.Store(uint64(w.next()))
+		win := c.win.Load()
+		dst = append(dst, Push{Rule: i, Win: win, Delta: delta, kind: pushCur})
+		switch {
+		case s.prevPending != 0:
+			dst = append(dst, Push{Rule: i, Win: win - 1, Delta: s.prevPending, kind: pushPrev})
+			s.prevInflight += s.prevPending
+			s.prevPending = 0
+			again = again || now < s.prevReadUntil
+		case now < s.prevReadUntil:
+			dst = append(dst, Push{Rule: i, Win: win - 1, kind: pushPrev})
+			again = true
+		}
+		if s.stale != 0 {
+			dst = append(dst, Push{Rule: i, Win: s.staleWin, Delta: s.stale, kind: pushStale})
+			s.stale = 0
+		}
+	}
+	return dst, again
+}
+
+// Settle writes back what the store answered for pushes of e that it
+// applied: totals[k] is the store's counter after pushes[k].
+func (t *Table) Settle(e *Entry, pushes []Push, totals []int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k := range pushes {
+		p := &pushes[k]
+		c, s := &e.c[p.Rule], &e.s[p.Rule]
+		win := c.win.Load()
+		switch {
+		case p.kind == pushCur && win == p.Win:
+			s.inflight -= p.Delta
+			c.base.Store(totals[k] + s.inflight + s.adj)
+		case p.kind == pushCur && win == p.Win+1, p.kind == pushPrev && win == p.Win+1:
+			// The pushed window is the previous one now.
+			s.prevInflight -= p.Delta
+			c.prev.Store(totals[k] + s.prevPending + s.prevInflight)
+		}
+	}
+}
+
+// Release hands back to e the increments of pushes that the store did not
+// apply, to be pushed by a later take.
+func (t *Table) Release(e *Entry, pushes []Push) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	dropped := int64(0)
+	for k := range pushes {
+		p := &pushes[k]
+		c, s := &e.c[p.Rule], &e.s[p.Rule]
+		win := c.win.Load()
+		switch {
+		case p.kind == pushCur && win == p.Win:
+			s.inflight -= p.Delta
+			s.adj += p.Delta
+		case p.kind == pushCur && win == p.Win+1, p.kind == pushPrev && win == p.Win+1:
+			s.prevInflight -= p.Delta
+			s.prevPending += p.Delta
+		default:
+			dropped += s.stash(p.Win, p.Delta)
+		}
+	}
+	t.addDropped(dropped)
+}
+
+// Close makes every later decision return Closed. Decisions under way
+// that counted a request before the final flush took it are pushed by the
+// flush; those that count after it take their increments back (they wait
+// for FlushDone).
+func (t *Table) Close() { t.closed.Store(true) }
+
+// TakeFinal is the final flush's take: it takes every entry's pending
+// increments like Take and seals the entry, so that no rollover or
+// decision changes it afterwards. Call it after Close, once per entry, and
+// FlushDone when the flush has ended.
+func (t *Table) TakeFinal(e *Entry, now int64, dst []Push) []Push {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.has(flagSealed) {
+		return dst
+	}
+	dst, _ = t.takeLocked(e, now, dst)
+	e.set(flagSealed, true)
+	return dst
+}
+
+// Entries appends every entry of the table to dst.
+func (t *Table) Entries(dst []*Entry) []*Entry {
+	t.rangeEntries(func(e *Entry) bool {
+		dst = append(dst, e)
+		return true
+	})
+	return dst
+}
+
+// FlushDone reports the end of the final flush: decisions that counted a
+// request after Close and waited for it now learn whether it was taken.
+func (t *Table) FlushDone() { t.flushOnce.Do(func() { close(t.flushed) }) }
+
+// Observe records the store's counts of key after a decision made in the
+// store (the synchronous mode): counts[i] are rule i's totals at now, for
+// the windows holding now. The local view then serves State and the
+// decisions made while the store fails. The decision is counted in the
+// table's statistics when record is set. Observe does nothing for an
+// untracked key when the table is full.
+func (t *Table) Observe(key string, now int64, counts []Counts, allowed, record bool) {
+	e := t.loadOrCreate(t.hash(key), now)
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	if !e.has(flagSealed) {
+		for i := range t.rules {
+			id, _ := WindowOf(now, t.rules[i].w)
+			t.rollLocked(e, i, id, now)
+			c := &e.c[i]
+			if c.win.Load() != id {
+				continue
+			}
+			base, prev := counts[i].Cur, counts[i].Prev
+			if t.syncing {
+				s := &e.s[i]
+				base += s.inflight + s.adj
+				prev += s.prevPending + s.prevInflight
+			}
+			c.base.Store(base)
+			c.prev.Store(prev)
+		}
+	}
+	e.mu.Unlock()
+	if record {
+		e.seen(now)
+		if allowed {
+			e.allowed.Add(1)
+		} else {
+			e.denied.Add(1)
+		}
+	}
+}
+
+// Unsynced returns the increments e holds that the store has not
+// acknowledged.
+func (t *Table) Unsynced(e *Entry) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := int64(0)
+	for i := range e.c {
+		n += word(e.c[i].word.Load()).count()
+		if e.s != nil {
+			n += e.s[i].unsynced()
+		}
+	}
+	return n
+}
+
+// LastSeen returns the instant (ns) of the entry's last decision.
+func (e *Entry) LastSeen() int64 { return e.lastSeen.Load() }

@@ -1,0 +1,110 @@
+package store
+
+import (
+	"encoding/base64"
+	"strconv"
+	"sync"
+)
+
+// Key layout. Every key a store writes begins with the limiter's prefix:
+//
+//	<prefix>:{<base64url(user key)>}:<window ms>:<window id>   a counter
+//	<prefix>:m:{<tag>}:<node>                                 a node's push marker
+//	<prefix>:t:{<tag>}:<node>                                 a node's take marker
+//
+// The user key is base64url-encoded, so it never contains '{' or '}': every
+// counter of one user key shares the Redis Cluster hash slot of its braces,
+// and no two user keys, whatever bytes they hold, share a counter. A
+// marker's tag is a short string chosen to hash to its group's slot.
+
+// keyBase returns "<prefix>:{<base64url(key)>}:", the part shared by every
+// counter of key.
+func keyBase(prefix, key string) []byte {
+	b := make([]byte, 0, len(prefix)+4+base64.RawURLEncoding.EncodedLen(len(key))+24)
+	b = append(b, prefix...)
+	b = append(b, ":{"...)
+	b = base64.RawURLEncoding.AppendEncode(b, []byte(key))
+	return append(b, "}:"...)
+}
+
+// CounterKey returns the store key of counter c under prefix.
+func CounterKey(prefix string, c Counter) string {
+	return string(appendCounter(keyBase(prefix, c.Key), c))
+}
+
+// appendCounter appends "<window ms>:<window id>" to b.
+func appendCounter(b []byte, c Counter) []byte {
+	b = strconv.AppendInt(b, c.Window, 10)
+	b = append(b, ':')
+	return strconv.AppendInt(b, c.ID, 10)
+}
+
+// markerKey returns the key of node's marker of the given kind ('m' for
+// pushes, 't' for takes) for the group whose slot is slot.
+func markerKey(prefix string, kind byte, slot int, node string) string {
+	b := make([]byte, 0, len(prefix)+len(node)+16)
+	b = append(b, prefix...)
+	b = append(b, ':', kind, ':', '{')
+	b = append(b, slotTag(slot)...)
+	b = append(b, '}', ':')
+	b = append(b, node...)
+	return string(b)
+}
+
+// Slots is the number of Redis Cluster hash slots.
+const Slots = 16384
+
+// Slot returns the Redis Cluster hash slot of every counter of key.
+func Slot(key string) int {
+	var buf [96]byte
+	b := base64.RawURLEncoding.AppendEncode(buf[:0], []byte(key))
+	return int(crc16(b) % Slots)
+}
+
+// crc16 is CRC-16/XMODEM (polynomial 0x1021), the checksum Redis Cluster
+// hashes keys with.
+func crc16(b []byte) uint16 {
+	var crc uint16
+	for _, c := range b {
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^c]
+	}
+	return crc
+}
+
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+		t[i] = crc
+	}
+	return t
+}()
+
+var (
+	tagsOnce sync.Once
+	tags     []string // a hash tag per slot
+)
+
+// slotTag returns a short string whose Redis Cluster hash slot is slot.
+func slotTag(slot int) string {
+	tagsOnce.Do(func() {
+		tags = make([]string, Slots)
+		left := Slots
+		var buf [16]byte
+		for i := uint64(0); left > 0; i++ {
+			b := strconv.AppendUint(buf[:0], i, 36)
+			s := crc16(b) % Slots
+			if tags[s] == "" {
+				tags[s] = string(b)
+				left--
+			}
+		}
+	})
+	return tags[slot]
+}

@@ -1,0 +1,174 @@
+package hybridlimit
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/local"
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// The synchronous mode: every decision is a TakeRequest decided by the
+// store, atomically. Concurrent decisions share round trips: while a batch
+// is on its way, those that arrive queue up, and the first of them sends
+// them all next. At most maxInFlight batches are on their way at once.
+//
+// A request the store did not decide (it failed, or its answer was lost)
+// is decided by the FailurePolicy on this node's table, whose increments
+// the sync loop pushes later. A request whose answer was lost may still
+// have been counted by the store before its deadline (half of
+// Config.StoreTimeout after it was sent), and is then counted twice: at
+// most the requests of the batches in flight when a connection broke. A
+// store that hung and resumes counts nothing past a request's deadline,
+// and the store's circuit breaker fails requests at once while it does not
+// answer.
+
+const (
+	maxBatch    = 512 // decisions per round trip
+	maxInFlight = 2   // round trips on their way at once
+)
+
+type synchronous struct {
+	l       *Limiter
+	rules   []store.TakeRule
+	timeout time.Duration
+
+	mu       sync.Mutex
+	queue    []*call
+	inflight int
+	calls    atomic.Uint64
+}
+
+// call is one synchronous decision waiting for the store.
+type call struct {
+	req   store.TakeRequest
+	batch []*call   // set when the call is handed a batch to send
+	done  chan bool // receives true: send batch; false: req is decided
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan bool, 1)} }}
+
+func newSynchronous(l *Limiter) *synchronous {
+	return &synchronous{l: l, rules: l.takeRules(), timeout: l.cfg.StoreTimeout}
+}
+
+// decide makes one decision in the store, or by the FailurePolicy when
+// the store does not decide it.
+func (s *synchronous) decide(ctx context.Context, key string, n int64, peek bool) (Result, error) {
+	if err := ctx.Err(); err != nil {
+		return Result{Rule: -1}, err
+	}
+	l := s.l
+	now := l.clock.now()
+	us := now / int64(time.Microsecond)
+	c := callPool.Get().(*call)
+	defer callPool.Put(c)
+	c.req = store.TakeRequest{
+		Prefix:      l.cfg.Prefix,
+		Key:         key,
+		Rules:       s.rules,
+		Now:         us,
+		Deadline:    us + int64(s.timeout/2/time.Microsecond),
+		Cost:        n,
+		Peek:        peek,
+		CountDenied: l.cfg.CountDenied,
+		Counts:      c.req.Counts,
+	}
+	s.do(c)
+	req := &c.req
+	if req.Status != store.Applied {
+		l.degraded.Add(1)
+		l.loop.ReportError(req.Err)
+		if l.cfg.FailurePolicy == FailClosed {
+			return l.failClosed(), nil
+		}
+		var res Result
+		var err error
+		if peek {
+			res = l.result(l.table.Peek(key, n, now))
+		} else {
+			res, err = l.decideLocal(key, n, now)
+		}
+		res.Degraded = true
+		return res, err
+	}
+	// Describe the decision at the store's instant, in its microseconds,
+	// so that a request retried at RetryAfter is admitted.
+	at := us * int64(time.Microsecond)
+	var counts [MaxRules]local.Counts
+	for i := range s.rules {
+		_, el := local.WindowOf(at, int64(l.cfg.Rules[i].Window))
+		counts[i] = local.Counts{Prev: req.Counts[i].Prev, Cur: req.Counts[i].Cur, Elapsed: el}
+	}
+	l.table.Observe(key, at, counts[:len(s.rules)], req.Allowed, !peek)
+	if !peek && l.table.Len() >= l.cfg.MaxKeys {
+		l.overflow.Add(1) // Observe could not track the key (or just filled the table)
+	}
+	cost := n
+	if peek && req.Allowed {
+		cost = 0 // Remaining before the request
+	}
+	return l.result(local.Summarize(l.rules, counts[:len(s.rules)], cost, req.Allowed, int64(time.Microsecond))), nil
+}
+
+// do has c.req decided by the store, alone or with others.
+func (s *synchronous) do(c *call) {
+	s.mu.Lock()
+	s.queue = append(s.queue, c)
+	if s.inflight >= maxInFlight {
+		s.mu.Unlock()
+		if !<-c.done {
+			return
+		}
+		s.send(c, c.batch) // the batch that finished handed its slot over
+		return
+	}
+	s.inflight++
+	batch := s.next()
+	s.mu.Unlock()
+	s.send(c, batch)
+}
+
+// next removes the queue's head, up to maxBatch calls, and returns it.
+// Call with s.mu held.
+func (s *synchronous) next() []*call {
+	k := min(len(s.queue), maxBatch)
+	batch := make([]*call, k)
+	copy(batch, s.queue)
+	clear(s.queue[len(s.queue)-k:])
+	s.queue = append(s.queue[:0], s.queue[k:]...)
+	return batch
+}
+
+// send sends batch (whose first call is c) as one round trip, then hands
+// its slot over with the next batch to the queue's head, if any.
+func (s *synchronous) send(c *call, batch []*call) {
+	c.batch = nil
+	reqs := make([]*store.TakeRequest, len(batch))
+	for i, x := range batch {
+		reqs[i] = &x.req
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	s.calls.Add(1)
+	_ = s.l.cfg.Store.Take(ctx, reqs)
+	cancel()
+	for _, x := range batch {
+		if x.req.Status == store.NotSent {
+			x.req.Status, x.req.Err = store.Failed, ctx.Err()
+		}
+		if x != c {
+			x.done <- false
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.queue) == 0 {
+		s.inflight--
+		return
+	}
+	next := s.next()
+	next[0].batch = next
+	next[0].done <- true
+}
