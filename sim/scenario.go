@@ -160,6 +160,16 @@ func (d *driver) setLive() {
 
 // runConfig runs configuration m of o and returns its report.
 func runConfig(o *options, m modeSpec, e env) (*report, error) {
+	d, err := newDriver(o, m, e)
+	if err != nil {
+		return nil, err
+	}
+	return d.run()
+}
+
+// newDriver builds configuration m of o at virtual time 0: the store, every
+// node with its limiter, and the first events.
+func newDriver(o *options, m modeSpec, e env) (*driver, error) {
 	d := &driver{o: o, m: m, env: e, ctx: context.Background()}
 	d.base = newVClock(e.start)
 	d.start = e.start.UnixNano()
@@ -193,7 +203,13 @@ func runConfig(o *options, m modeSpec, e env) (*report, error) {
 		d.push(int64(o.Churn.From), evLeave, -1)
 		d.push(int64(o.Churn.From+o.Churn.Dur), evJoin, -1)
 	}
+	return d, nil
+}
 
+// run drives the traffic through the nodes and the reference to the end
+// of the run and returns the report.
+func (d *driver) run() (*report, error) {
+	o, m, e := d.o, d.m, d.env
 	r := newReport(o, m)
 	ref := newReference(o)
 	names := keyNames(o.Keys)
