@@ -141,9 +141,12 @@ func (d *driver) newLimiter(i int, t int64) error {
 		return nil
 	}
 	_ = l.SyncClock(d.ctx) // as the background loop does when it starts
+	// Staggered, slot i of N first syncs (i+1)/N of a period after it
+	// starts. N is the number of slots, o.Nodes, not len(d.nodes): the
+	// slots are still being appended while the first limiters start.
 	first := t + int64(d.syncRate())
 	if d.o.Stagger {
-		first = t + int64(d.syncRate())*int64(i+1)/int64(len(d.nodes))
+		first = t + int64(d.syncRate())*int64(i+1)/int64(d.o.Nodes)
 	}
 	d.push(first, evSync, i)
 	return nil
@@ -366,7 +369,7 @@ func (d *driver) handle(e event) error {
 		}
 		d.push(e.at+int64(evictEvery(d.o.Rules)), evEvict, -1)
 	case evLeave:
-		for i := len(d.nodes) - d.o.Churn.Nodes; i < len(d.nodes); i++ {
+		for i := d.o.Nodes - d.o.Churn.Nodes; i < d.o.Nodes; i++ {
 			n := d.nodes[i]
 			if n.st.paced.Load() { // finish the cycle under way at once
 				n.st.release <- struct{}{}
@@ -382,7 +385,7 @@ func (d *driver) handle(e event) error {
 		}
 		d.setLive()
 	case evJoin:
-		for i := len(d.nodes) - d.o.Churn.Nodes; i < len(d.nodes); i++ {
+		for i := d.o.Nodes - d.o.Churn.Nodes; i < d.o.Nodes; i++ {
 			if err := d.newLimiter(i, e.at); err != nil {
 				return err
 			}
