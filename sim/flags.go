@@ -70,6 +70,13 @@ type options struct {
 	Bucket       time.Duration
 	Quiet        bool
 	Prefix       string
+	Spread       string // spreadRR or spreadHash
+	Trace        string // replay this file instead of generating traffic
+	TraceSkipBad bool   // skip and count malformed trace lines
+	WriteTrace   string // write the generated traffic to this file and exit
+
+	set   map[string]bool // the flags given on the command line
+	trace *traceInfo      // the first pass over Trace
 }
 
 var patterns = []string{"steady", "burst", "ramp", "zipf", "sticky", "under"}
@@ -112,6 +119,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.Bucket, "bucket", time.Second, "time step of the admitted-per-second series in the chart")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no progress on stderr")
 	fs.StringVar(&o.Prefix, "prefix", "", "store key `prefix` of the run (default: random per run), one per configuration with a suffix")
+	fs.StringVar(&o.Spread, "spread", spreadRR, "how requests are spread over the nodes: rr (round robin) or hash (by a hash of the key: a key keeps to one node while the nodes present do not change)")
+	fs.StringVar(&o.Trace, "trace", "", "replay the requests of `FILE` instead of generating traffic: CSV timestamp,key; JSON lines {\"ts\":...,\"key\":\"...\"}; or a web server's access log (Common/Combined Log Format, keyed by client address); see docs/sim-trace.md")
+	fs.BoolVar(&o.TraceSkipBad, "trace-skip-bad", false, "skip and count the trace's malformed lines instead of stopping at the first one")
+	fs.StringVar(&o.WriteTrace, "write-trace", "", "write the traffic of -pattern to `FILE` as CSV (timestamp,key) and exit, running nothing; -trace FILE replays it")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stderr)
@@ -125,6 +136,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	o.set = set
 
 	var err error
 	if o.Rules, err = parseRules(*rules); err != nil {
@@ -146,6 +158,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if !validPattern(o.Pattern) {
 		return nil, usagef("-pattern %q is not one of %s", o.Pattern, strings.Join(patterns, ", "))
 	}
+	if !validSpread(o.Spread) {
+		return nil, usagef("-spread %q is not one of %s", o.Spread, spreadNames())
+	}
+	if err := checkCombinations(o, set); err != nil {
+		return nil, err
+	}
 	if o.Keys == 0 {
 		o.Keys = 10
 		if o.Pattern == "zipf" {
@@ -158,11 +176,15 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			o.Overload = 0.8
 		}
 	}
+	minDuration := time.Second
+	if o.Trace != "" {
+		minDuration = time.Millisecond
+	}
 	switch {
 	case o.Nodes < 1 || o.Nodes > 1000:
 		return nil, usagef("-nodes is %d, want 1 to 1000", o.Nodes)
-	case o.Duration < time.Second || o.Duration > 24*time.Hour:
-		return nil, usagef("-duration is %v, want 1s to 24h", o.Duration)
+	case o.Duration < minDuration || o.Duration > 24*time.Hour:
+		return nil, usagef("-duration is %v, want %v to 24h", o.Duration, minDuration)
 	case o.Rate < 0 || o.Rate > 1e7 || math.IsNaN(o.Rate):
 		return nil, usagef("-rate is %v, want 0 (derived from -overload) to 1e7 requests per second", o.Rate)
 	case o.Overload <= 0 || o.Overload > 1000 || math.IsNaN(o.Overload):
@@ -175,12 +197,21 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("-store-latency is %v, want 0 to 1m", o.StoreLatency)
 	case o.Skew < 0 || o.Skew > time.Hour:
 		return nil, usagef("-skew is %v, want 0 to 1h", o.Skew)
+	case o.Churn.Nodes >= o.Nodes:
+		return nil, usagef("-churn takes %d of %d nodes away, want fewer than -nodes", o.Churn.Nodes, o.Nodes)
+	}
+	if o.Trace != "" {
+		if err := loadTrace(o); err != nil {
+			return nil, err
+		}
+	}
+	switch {
 	case o.Bucket < time.Millisecond || o.Bucket > o.Duration:
 		return nil, usagef("-bucket is %v, want 1ms to -duration (%v)", o.Bucket, o.Duration)
 	case o.Duration/o.Bucket > 100_000:
 		return nil, usagef("-bucket %v makes %d points over -duration %v, want at most 100000", o.Bucket, o.Duration/o.Bucket, o.Duration)
-	case o.Churn.Nodes >= o.Nodes:
-		return nil, usagef("-churn takes %d of %d nodes away, want fewer than -nodes", o.Churn.Nodes, o.Nodes)
+	case o.Realtime && o.Duration > 10*time.Minute:
+		return nil, usagef("-duration is %v with -realtime, want at most 10m of wall time", o.Duration)
 	}
 	if o.Rate == 0 {
 		o.Rate = o.Overload * float64(o.Keys) * perSecond(tightest(o.Rules))
@@ -193,23 +224,6 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.Plot != "" && !strings.HasSuffix(o.Plot, ".svg") && !strings.HasSuffix(o.Plot, ".png") {
 		return nil, usagef("-plot %q: the file name must end in .svg or .png", o.Plot)
-	}
-	// Valid combinations.
-	if o.Realtime {
-		if o.Redis == "" {
-			return nil, usagef("-realtime needs -redis ADDR: in memory, virtual time gives the same answer, faster and reproducibly")
-		}
-		for _, name := range []string{"store-latency", "outage", "churn", "skew", "stagger"} {
-			if set[name] {
-				return nil, usagef("-%s is not available with -realtime: faults, skew and sync instants are simulated in virtual time only (drop -realtime)", name)
-			}
-		}
-		if o.Duration > 10*time.Minute {
-			return nil, usagef("-duration is %v with -realtime, want at most 10m of wall time", o.Duration)
-		}
-	}
-	if o.Redis != "" && o.StoreLatency > 0 {
-		return nil, usagef("-store-latency simulates a round trip in the memory store; with -redis the latency is Redis's own")
 	}
 	return o, nil
 }

@@ -52,7 +52,7 @@ type driver struct {
 	pfx   string
 	nodes []*simNode
 	live  []int // present nodes, in slot order
-	rr    int
+	sp    *spreader
 	ev    events
 	seq   uint64
 }
@@ -178,15 +178,23 @@ func (d *driver) run() (*report, error) {
 	o, m, e := d.o, d.m, d.env
 	r := newReport(o, m)
 	ref := newReference(o)
-	names := keyNames(o.Keys)
+	names := runKeys(o)
+	d.sp = newSpreader(o, names)
 	logs := make([][]int64, o.Keys)
 	refLogs := make([][]int64, o.Keys)
 	bucket := int64(o.Bucket)
-	g := newTraffic(o)
+	g, err := newSource(o)
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
 	var tick int64
 	for {
 		q, ok := g.next()
 		if !ok {
+			if err := g.err(); err != nil {
+				return nil, err
+			}
 			break
 		}
 		if err := d.until(q.at); err != nil {
@@ -194,7 +202,7 @@ func (d *driver) run() (*report, error) {
 		}
 		now := d.start + q.at
 		d.base.set(now)
-		ni := d.pick(q)
+		ni := d.live[d.sp.pick(q, len(d.live))]
 		n := d.nodes[ni]
 		res, err := n.l.Allow(d.ctx, names[q.key])
 		if err != nil {
@@ -262,17 +270,6 @@ func evictEvery(rules []hybridlimit.Rule) time.Duration {
 		longest = max(longest, r.Window)
 	}
 	return min(max(longest/2, time.Second), time.Minute)
-}
-
-// pick returns the slot that receives q: round robin over the present
-// nodes, or for -pattern sticky a share of the traffic proportional to
-// 1/(rank+1) for the present node of that rank.
-func (d *driver) pick(q request) int {
-	if d.o.Pattern == "sticky" {
-		return d.live[stickyNode(q.draw, len(d.live))]
-	}
-	d.rr++
-	return d.live[d.rr%len(d.live)]
 }
 
 // until processes every event due at or before t.

@@ -162,6 +162,15 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-rate", "-5"}, "-rate is -5"},
 		{[]string{"-prefix", "a:b"}, "-prefix"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"-spread", "random"}, `-spread "random" is not one of rr, hash`},
+		{[]string{"-pattern", "sticky", "-spread", "hash"}, "-spread is not available with -pattern sticky"},
+		{[]string{"-trace", "t.csv", "-pattern", "zipf"}, "-pattern is not available with -trace: the trace is the traffic"},
+		{[]string{"-trace", "t.csv", "-rate", "10"}, "-rate is not available with -trace"},
+		{[]string{"-trace", "t.csv", "-keys", "10"}, "-keys is not available with -trace"},
+		{[]string{"-trace", "t.csv", "-write-trace", "u.csv"}, "-write-trace is not available with -trace"},
+		{[]string{"-trace-skip-bad"}, "-trace-skip-bad needs -trace FILE"},
+		{[]string{"-write-trace", "t.csv", "-modes", "sync"}, "-modes is not available with -write-trace, which writes the generated traffic and runs nothing"},
+		{[]string{"-write-trace", "t.csv", "-pattern", "sticky"}, "-write-trace: -pattern sticky picks a node per request"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, err := parseFlags(tc.args, io.Discard)
