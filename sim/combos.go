@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -25,9 +27,20 @@ func checkCombinations(o *options, set map[string]bool) error {
 		if o.Pattern == "sticky" {
 			return usagef("-write-trace: -pattern sticky picks a node per request, which a trace does not record; use one of %s and replay with -spread", strings.Join(patterns[:len(patterns)-2], ", ")+", under")
 		}
-		for _, name := range []string{"modes", "nodes", "spread", "stagger", "store-latency", "outage", "churn", "skew", "fail-closed", "redis", "realtime", "json", "per-node", "plot", "bucket", "prefix"} {
+		for _, name := range []string{"target", "modes", "nodes", "spread", "stagger", "store-latency", "outage", "churn", "skew", "fail-closed", "redis", "realtime", "json", "per-node", "plot", "bucket", "prefix"} {
 			if set[name] {
 				return usagef("-%s is not available with -write-trace, which writes the generated traffic and runs nothing (drop -%s; pass it when replaying with -trace)", name, name)
+			}
+		}
+	}
+	if o.HasTarget {
+		for _, c := range []struct{ name, why string }{
+			{"modes", "the search picks the async sync rates itself"},
+			{"realtime", "the search compares runs, which must be reproducible: virtual time only"},
+			{"per-node", "the search prints one line per sync rate tried"},
+		} {
+			if set[c.name] {
+				return usagef("-%s is not available with -target: %s (drop -%s)", c.name, c.why, c.name)
 			}
 		}
 	}
@@ -45,6 +58,16 @@ func checkCombinations(o *options, set map[string]bool) error {
 		return usagef("-store-latency simulates a round trip in the memory store; with -redis the latency is Redis's own")
 	}
 	return nil
+}
+
+// parseTarget parses -target: a percentage with its sign, 0% to 1000%.
+func parseTarget(s string) (float64, error) {
+	num, ok := strings.CutSuffix(strings.TrimSpace(s), "%")
+	p, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+	if !ok || err != nil || math.IsNaN(p) || p < 0 || p > 1000 {
+		return 0, usagef("-target %q is not a percentage from 0%% to 1000%%, e.g. 1%% or 0.5%% (the over-admission allowed over the exact reference)", s)
+	}
+	return p, nil
 }
 
 // loadTrace reads -trace once (see scanTrace) and derives the run's keys,

@@ -70,10 +70,12 @@ type options struct {
 	Bucket       time.Duration
 	Quiet        bool
 	Prefix       string
-	Spread       string // spreadRR or spreadHash
-	Trace        string // replay this file instead of generating traffic
-	TraceSkipBad bool   // skip and count malformed trace lines
-	WriteTrace   string // write the generated traffic to this file and exit
+	Spread       string  // spreadRR or spreadHash
+	Trace        string  // replay this file instead of generating traffic
+	TraceSkipBad bool    // skip and count malformed trace lines
+	WriteTrace   string  // write the generated traffic to this file and exit
+	Target       float64 // -target, in percent; with HasTarget
+	HasTarget    bool
 
 	set   map[string]bool // the flags given on the command line
 	trace *traceInfo      // the first pass over Trace
@@ -123,6 +125,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.Trace, "trace", "", "replay the requests of `FILE` instead of generating traffic: CSV timestamp,key; JSON lines {\"ts\":...,\"key\":\"...\"}; or a web server's access log (Common/Combined Log Format, keyed by client address); see docs/sim-trace.md")
 	fs.BoolVar(&o.TraceSkipBad, "trace-skip-bad", false, "skip and count the trace's malformed lines instead of stopping at the first one")
 	fs.StringVar(&o.WriteTrace, "write-trace", "", "write the traffic of -pattern to `FILE` as CSV (timestamp,key) and exit, running nothing; -trace FILE replays it")
+	target := fs.String("target", "", "find the slowest async sync rate whose admitted total stays within +`P` of the exact reference, e.g. 1%; prints the rates tried and their store calls/s")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stderr)
@@ -160,6 +163,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if !validSpread(o.Spread) {
 		return nil, usagef("-spread %q is not one of %s", o.Spread, spreadNames())
+	}
+	if set["target"] {
+		if o.Target, err = parseTarget(*target); err != nil {
+			return nil, err
+		}
+		o.HasTarget = true
 	}
 	if err := checkCombinations(o, set); err != nil {
 		return nil, err

@@ -45,6 +45,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 	}
+	if err == nil && o.HasTarget {
+		err = runTarget(o, stdout, stderr)
+		if err == nil {
+			return 0
+		}
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sim: %v\n", err)
 		return 1

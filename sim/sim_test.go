@@ -170,7 +170,16 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-trace", "t.csv", "-write-trace", "u.csv"}, "-write-trace is not available with -trace"},
 		{[]string{"-trace-skip-bad"}, "-trace-skip-bad needs -trace FILE"},
 		{[]string{"-write-trace", "t.csv", "-modes", "sync"}, "-modes is not available with -write-trace, which writes the generated traffic and runs nothing"},
+		{[]string{"-write-trace", "t.csv", "-target", "1%"}, "-target is not available with -write-trace"},
 		{[]string{"-write-trace", "t.csv", "-pattern", "sticky"}, "-write-trace: -pattern sticky picks a node per request"},
+		{[]string{"-target", "1"}, `-target "1" is not a percentage from 0% to 1000%, e.g. 1% or 0.5%`},
+		{[]string{"-target", "x%"}, `-target "x%" is not a percentage`},
+		{[]string{"-target", "-1%"}, `-target "-1%" is not a percentage`},
+		{[]string{"-target", "2000%"}, `-target "2000%" is not a percentage`},
+		{[]string{"-target", "1%", "-modes", "sync"}, "-modes is not available with -target: the search picks the async sync rates itself"},
+		{[]string{"-target", "1%", "-realtime", "-redis", "x:1"}, "-realtime is not available with -target"},
+		{[]string{"-target", "1%", "-realtime"}, "-realtime is not available with -target"},
+		{[]string{"-target", "1%", "-per-node"}, "-per-node is not available with -target"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, err := parseFlags(tc.args, io.Discard)
