@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"strconv"
 	"strings"
 	"time"
 
@@ -71,6 +70,15 @@ type options struct {
 	Bucket       time.Duration
 	Quiet        bool
 	Prefix       string
+	Spread       string  // spreadRR or spreadHash
+	Trace        string  // replay this file instead of generating traffic
+	TraceSkipBad bool    // skip and count malformed trace lines
+	WriteTrace   string  // write the generated traffic to this file and exit
+	Target       float64 // -target, in percent; with HasTarget
+	HasTarget    bool
+
+	set   map[string]bool // the flags given on the command line
+	trace *traceInfo      // the first pass over Trace
 }
 
 var patterns = []string{"steady", "burst", "ramp", "zipf", "sticky", "under"}
@@ -113,6 +121,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.Bucket, "bucket", time.Second, "time step of the admitted-per-second series in the chart")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no progress on stderr")
 	fs.StringVar(&o.Prefix, "prefix", "", "store key `prefix` of the run (default: random per run), one per configuration with a suffix")
+	fs.StringVar(&o.Spread, "spread", spreadRR, "how requests are spread over the nodes: rr (round robin) or hash (by a hash of the key: a key keeps to one node while the nodes present do not change)")
+	fs.StringVar(&o.Trace, "trace", "", "replay the requests of `FILE` instead of generating traffic: CSV timestamp,key; JSON lines {\"ts\":...,\"key\":\"...\"}; or a web server's access log (Common/Combined Log Format, keyed by client address); see docs/sim-trace.md")
+	fs.BoolVar(&o.TraceSkipBad, "trace-skip-bad", false, "skip and count the trace's malformed lines instead of stopping at the first one")
+	fs.StringVar(&o.WriteTrace, "write-trace", "", "write the traffic of -pattern to `FILE` as CSV (timestamp,key) and exit, running nothing; -trace FILE replays it")
+	target := fs.String("target", "", "find the slowest async sync rate whose admitted total stays within +`P` of the exact reference, e.g. 1%; prints the rates tried and their store calls/s")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stderr)
@@ -126,6 +139,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	o.set = set
 
 	var err error
 	if o.Rules, err = parseRules(*rules); err != nil {
@@ -147,6 +161,18 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if !validPattern(o.Pattern) {
 		return nil, usagef("-pattern %q is not one of %s", o.Pattern, strings.Join(patterns, ", "))
 	}
+	if !validSpread(o.Spread) {
+		return nil, usagef("-spread %q is not one of %s", o.Spread, spreadNames())
+	}
+	if set["target"] {
+		if o.Target, err = parseTarget(*target); err != nil {
+			return nil, err
+		}
+		o.HasTarget = true
+	}
+	if err := checkCombinations(o, set); err != nil {
+		return nil, err
+	}
 	if o.Keys == 0 {
 		o.Keys = 10
 		if o.Pattern == "zipf" {
@@ -159,11 +185,15 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			o.Overload = 0.8
 		}
 	}
+	minDuration := time.Second
+	if o.Trace != "" {
+		minDuration = time.Millisecond
+	}
 	switch {
 	case o.Nodes < 1 || o.Nodes > 1000:
 		return nil, usagef("-nodes is %d, want 1 to 1000", o.Nodes)
-	case o.Duration < time.Second || o.Duration > 24*time.Hour:
-		return nil, usagef("-duration is %v, want 1s to 24h", o.Duration)
+	case o.Duration < minDuration || o.Duration > 24*time.Hour:
+		return nil, usagef("-duration is %v, want %v to 24h", o.Duration, minDuration)
 	case o.Rate < 0 || o.Rate > 1e7 || math.IsNaN(o.Rate):
 		return nil, usagef("-rate is %v, want 0 (derived from -overload) to 1e7 requests per second", o.Rate)
 	case o.Overload <= 0 || o.Overload > 1000 || math.IsNaN(o.Overload):
@@ -176,12 +206,21 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("-store-latency is %v, want 0 to 1m", o.StoreLatency)
 	case o.Skew < 0 || o.Skew > time.Hour:
 		return nil, usagef("-skew is %v, want 0 to 1h", o.Skew)
+	case o.Churn.Nodes >= o.Nodes:
+		return nil, usagef("-churn takes %d of %d nodes away, want fewer than -nodes", o.Churn.Nodes, o.Nodes)
+	}
+	if o.Trace != "" {
+		if err := loadTrace(o); err != nil {
+			return nil, err
+		}
+	}
+	switch {
 	case o.Bucket < time.Millisecond || o.Bucket > o.Duration:
 		return nil, usagef("-bucket is %v, want 1ms to -duration (%v)", o.Bucket, o.Duration)
 	case o.Duration/o.Bucket > 100_000:
 		return nil, usagef("-bucket %v makes %d points over -duration %v, want at most 100000", o.Bucket, o.Duration/o.Bucket, o.Duration)
-	case o.Churn.Nodes >= o.Nodes:
-		return nil, usagef("-churn takes %d of %d nodes away, want fewer than -nodes", o.Churn.Nodes, o.Nodes)
+	case o.Realtime && o.Duration > 10*time.Minute:
+		return nil, usagef("-duration is %v with -realtime, want at most 10m of wall time", o.Duration)
 	}
 	if o.Rate == 0 {
 		o.Rate = o.Overload * float64(o.Keys) * perSecond(tightest(o.Rules))
@@ -195,152 +234,5 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.Plot != "" && !strings.HasSuffix(o.Plot, ".svg") && !strings.HasSuffix(o.Plot, ".png") {
 		return nil, usagef("-plot %q: the file name must end in .svg or .png", o.Plot)
 	}
-	// Valid combinations.
-	if o.Realtime {
-		if o.Redis == "" {
-			return nil, usagef("-realtime needs -redis ADDR: in memory, virtual time gives the same answer, faster and reproducibly")
-		}
-		for _, name := range []string{"store-latency", "outage", "churn", "skew", "stagger"} {
-			if set[name] {
-				return nil, usagef("-%s is not available with -realtime: faults, skew and sync instants are simulated in virtual time only (drop -realtime)", name)
-			}
-		}
-		if o.Duration > 10*time.Minute {
-			return nil, usagef("-duration is %v with -realtime, want at most 10m of wall time", o.Duration)
-		}
-	}
-	if o.Redis != "" && o.StoreLatency > 0 {
-		return nil, usagef("-store-latency simulates a round trip in the memory store; with -redis the latency is Redis's own")
-	}
 	return o, nil
 }
-
-func validPattern(p string) bool {
-	for _, q := range patterns {
-		if p == q {
-			return true
-		}
-	}
-	return false
-}
-
-// parseRules parses "LIMIT/WINDOW[:fixed],...".
-func parseRules(s string) ([]hybridlimit.Rule, error) {
-	var rules []hybridlimit.Rule
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		spec, typ, hasType := strings.Cut(part, ":")
-		lim, win, ok := strings.Cut(spec, "/")
-		if !ok {
-			return nil, usagef("-rules: %q is not LIMIT/WINDOW[:fixed], e.g. 1000/1s", part)
-		}
-		limit, err := strconv.ParseInt(lim, 10, 64)
-		if err != nil || limit < 1 || limit > hybridlimit.MaxLimit {
-			return nil, usagef("-rules: limit %q in %q is not a whole number from 1 to %d", lim, part, int64(hybridlimit.MaxLimit))
-		}
-		w, err := time.ParseDuration(win)
-		if err != nil || w < time.Millisecond || w%time.Millisecond != 0 || w > hybridlimit.MaxWindow {
-			return nil, usagef("-rules: window %q in %q is not a whole number of milliseconds from 1ms to %v", win, part, hybridlimit.MaxWindow)
-		}
-		r := hybridlimit.Rule{Limit: limit, Window: w}
-		if hasType {
-			switch typ {
-			case "fixed":
-				r.Type = hybridlimit.Fixed
-			case "sliding":
-			default:
-				return nil, usagef("-rules: window type %q in %q is not sliding or fixed", typ, part)
-			}
-		}
-		for _, q := range rules {
-			if q.Window == w {
-				return nil, usagef("-rules: two rules have the window %v; use one rule per window", w)
-			}
-		}
-		rules = append(rules, r)
-	}
-	if len(rules) > hybridlimit.MaxRules {
-		return nil, usagef("-rules has %d rules, want at most %d", len(rules), hybridlimit.MaxRules)
-	}
-	return rules, nil
-}
-
-// parseModes parses "local,sync,async:RATE,...".
-func parseModes(s string) ([]modeSpec, error) {
-	var out []modeSpec
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		name, arg, hasArg := strings.Cut(part, ":")
-		var m modeSpec
-		switch name {
-		case "local":
-			m.Mode = hybridlimit.ModeLocal
-		case "sync", "synchronous":
-			m.Mode = hybridlimit.ModeSynchronous
-		case "async":
-			m.Mode = hybridlimit.ModeAsync
-			if !hasArg {
-				return nil, usagef("-modes: %q needs a sync rate, e.g. async:100ms", part)
-			}
-			d, err := time.ParseDuration(arg)
-			if err != nil || d < time.Millisecond || d > time.Hour {
-				return nil, usagef("-modes: sync rate %q in %q is not a duration from 1ms to 1h", arg, part)
-			}
-			m.SyncRate = d
-		default:
-			return nil, usagef("-modes: %q is not local, sync or async:RATE", part)
-		}
-		if hasArg && m.Mode != hybridlimit.ModeAsync {
-			return nil, usagef("-modes: %q takes no argument; only async:RATE does", part)
-		}
-		out = append(out, m)
-	}
-	if len(out) > 64 {
-		return nil, usagef("-modes lists %d configurations, want at most 64", len(out))
-	}
-	return out, nil
-}
-
-// parseWindow parses "START+LEN".
-func parseWindow(flagName, s string) (window, error) {
-	a, b, ok := strings.Cut(s, "+")
-	if !ok {
-		return window{}, usagef("%s %q is not START+LEN, e.g. 20s+10s", flagName, s)
-	}
-	from, err1 := time.ParseDuration(a)
-	dur, err2 := time.ParseDuration(b)
-	if err1 != nil || err2 != nil || from < 0 || dur <= 0 {
-		return window{}, usagef("%s %q: START must be a duration ≥ 0 and LEN a duration > 0, e.g. 20s+10s", flagName, s)
-	}
-	return window{From: from, Dur: dur}, nil
-}
-
-// parseChurn parses "K@START+LEN".
-func parseChurn(s string) (churn, error) {
-	k, w, ok := strings.Cut(s, "@")
-	if !ok {
-		return churn{}, usagef("-churn %q is not K@START+LEN, e.g. 3@20s+10s", s)
-	}
-	n, err := strconv.Atoi(k)
-	if err != nil || n < 1 {
-		return churn{}, usagef("-churn %q: K must be a whole number of nodes ≥ 1", s)
-	}
-	win, err := parseWindow("-churn", w)
-	if err != nil {
-		return churn{}, err
-	}
-	return churn{Nodes: n, window: win}, nil
-}
-
-// tightest returns the rule with the smallest limit per second.
-func tightest(rules []hybridlimit.Rule) hybridlimit.Rule {
-	best := rules[0]
-	for _, r := range rules[1:] {
-		if perSecond(r) < perSecond(best) {
-			best = r
-		}
-	}
-	return best
-}
-
-func perSecond(r hybridlimit.Rule) float64 { return float64(r.Limit) / r.Window.Seconds() }

@@ -28,15 +28,32 @@ func main() {
 }
 
 // run is the whole program: it returns the exit status, 0 on success, 2 for
-// a bad command line, 1 for a failed run.
+// a bad command line, 1 for a failed run (or a trace it cannot read).
 func run(args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	if err != nil {
+	var ue *usageError
+	if errors.As(err, &ue) {
 		fmt.Fprintf(stderr, "sim: %v\nrun 'go run ./sim -h' for the flags\n", err)
 		return 2
+	}
+	if err == nil && o.WriteTrace != "" {
+		err = writeTrace(o, stderr)
+		if err == nil {
+			return 0
+		}
+	}
+	if err == nil && o.HasTarget {
+		err = runTarget(o, stdout, stderr)
+		if err == nil {
+			return 0
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sim: %v\n", err)
+		return 1
 	}
 	reports, err := simulate(o, stderr)
 	if err != nil {
@@ -64,6 +81,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 // simulate runs every configuration of o and returns their reports in the
 // order of -modes.
 func simulate(o *options, stderr io.Writer) ([]*report, error) {
+	return runModes(o, o.Modes, "", stderr)
+}
+
+// runModes runs the configurations modes of o and returns their reports in
+// that order. tag tells the store keys of one call from another's.
+func runModes(o *options, modes []modeSpec, tag string, stderr io.Writer) ([]*report, error) {
 	var rdb *redis.Client
 	if o.Redis != "" {
 		rdb = redis.NewClient(&redis.Options{Addr: o.Redis, PoolSize: 64})
@@ -78,6 +101,13 @@ func simulate(o *options, stderr io.Writer) ([]*report, error) {
 	if o.Realtime {
 		return runRealtime(o, rdb, stderr)
 	}
+	runID := o.Prefix
+	if runID == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		runID = "sim_" + hex.EncodeToString(b[:])
+	}
+	runID += tag
 	e := env{start: virtualStart}
 	if rdb != nil {
 		// Redis expires counters on its own clock: start virtual time at
@@ -88,20 +118,14 @@ func simulate(o *options, stderr io.Writer) ([]*report, error) {
 		}
 		e.start = time.Now().Truncate(longest)
 	}
-	runID := o.Prefix
-	if runID == "" {
-		var b [4]byte
-		_, _ = rand.Read(b[:])
-		runID = "sim_" + hex.EncodeToString(b[:])
-	}
-	reports := make([]*report, len(o.Modes))
-	errs := make([]error, len(o.Modes))
-	prog := newProgress(o, stderr)
+	reports := make([]*report, len(modes))
+	errs := make([]error, len(modes))
+	prog := newProgress(o, modes, stderr)
 	// Configurations are independent (own store, own clock): run them in
 	// parallel, one per core.
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
 	var wg sync.WaitGroup
-	for i, m := range o.Modes {
+	for i, m := range modes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -124,7 +148,7 @@ func simulate(o *options, stderr io.Writer) ([]*report, error) {
 	wg.Wait()
 	for i, err := range errs {
 		if err != nil {
-			return nil, fmt.Errorf("%v: %w", o.Modes[i], err)
+			return nil, fmt.Errorf("%v: %w", modes[i], err)
 		}
 	}
 	return reports, nil
@@ -133,17 +157,18 @@ func simulate(o *options, stderr io.Writer) ([]*report, error) {
 // progress reports on stderr, at most once a second, how far each
 // configuration has come.
 type progress struct {
-	o    *options
-	w    io.Writer
-	mu   sync.Mutex
-	at   []time.Duration
-	last time.Time
-	t0   time.Time
+	o     *options
+	modes []modeSpec
+	w     io.Writer
+	mu    sync.Mutex
+	at    []time.Duration
+	last  time.Time
+	t0    time.Time
 }
 
-func newProgress(o *options, w io.Writer) *progress {
+func newProgress(o *options, modes []modeSpec, w io.Writer) *progress {
 	now := time.Now()
-	return &progress{o: o, w: w, at: make([]time.Duration, len(o.Modes)), last: now, t0: now}
+	return &progress{o: o, modes: modes, w: w, at: make([]time.Duration, len(modes)), last: now, t0: now}
 }
 
 func (p *progress) update(i int, d time.Duration) {
@@ -158,7 +183,7 @@ func (p *progress) update(i int, d time.Duration) {
 	}
 	p.last = time.Now()
 	fmt.Fprintf(p.w, "sim: %.0fs:", time.Since(p.t0).Seconds())
-	for j, m := range p.o.Modes {
+	for j, m := range p.modes {
 		fmt.Fprintf(p.w, " %v %.0f%%", m, 100*p.at[j].Seconds()/p.o.Duration.Seconds())
 	}
 	fmt.Fprintln(p.w)
@@ -171,5 +196,5 @@ func (p *progress) done(i int, took time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.at[i] = p.o.Duration
-	fmt.Fprintf(p.w, "sim: %v done in %.2fs\n", p.o.Modes[i], took.Seconds())
+	fmt.Fprintf(p.w, "sim: %v done in %.2fs\n", p.modes[i], took.Seconds())
 }

@@ -43,6 +43,11 @@ func runRealtime(o *options, rdb *redis.Client, stderr io.Writer) ([]*report, er
 
 func realtimeConfig(o *options, m modeSpec, st store.Store, pfx string) (*report, error) {
 	ctx := context.Background()
+	g, err := newSource(o)
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
 	counting := &simStore{inner: st}
 	nodes := make([]*hybridlimit.Limiter, o.Nodes)
 	for i := range nodes {
@@ -61,8 +66,8 @@ func realtimeConfig(o *options, m modeSpec, st store.Store, pfx string) (*report
 	}
 	r := newReport(o, m)
 	ref := newReference(o)
-	names := keyNames(o.Keys)
-	g := newTraffic(o)
+	names := runKeys(o)
+	sp := newSpreader(o, names)
 	start := time.Now()
 	t0 := start.UnixNano()
 
@@ -111,7 +116,6 @@ func realtimeConfig(o *options, m modeSpec, st store.Store, pfx string) (*report
 			}
 		}()
 	}
-	rr := 0
 	refLogs := make([][]int64, o.Keys)
 	for {
 		q, ok := g.next()
@@ -129,17 +133,18 @@ func realtimeConfig(o *options, m modeSpec, st store.Store, pfx string) (*report
 			refLogs[q.key] = append(refLogs[q.key], now-t0)
 			r.idealSeries[min(int(q.at/int64(o.Bucket)), len(r.series)-1)]++
 		}
-		rr++
-		ni := rr % o.Nodes
-		if o.Pattern == "sticky" {
-			ni = stickyNode(q.draw, o.Nodes)
-		}
-		queues[ni] <- rtReq{key: q.key, ideal: ideal}
+		queues[sp.pick(q, o.Nodes)] <- rtReq{key: q.key, ideal: ideal}
 	}
 	for _, q := range queues {
 		close(q)
 	}
 	wg.Wait()
+	if err := g.err(); err != nil {
+		for _, l := range nodes {
+			_ = l.Close(ctx)
+		}
+		return nil, err
+	}
 	logs := make([][]int64, o.Keys)
 	perNode := make([]result, o.Nodes)
 	for w, res := range results {

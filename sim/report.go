@@ -45,6 +45,11 @@ type report struct {
 	Outage         string       `json:"outage,omitempty"`
 	Churn          string       `json:"churn,omitempty"`
 	FailClosed     bool         `json:"fail_closed,omitempty"`
+	Spread         string       `json:"spread"`
+	Trace          string       `json:"trace,omitempty"`
+	TraceFormat    string       `json:"trace_format,omitempty"`
+	TraceSkipped   int64        `json:"trace_skipped,omitempty"`
+	TraceReordered int64        `json:"trace_reordered,omitempty"`
 	PerNode        []nodeReport `json:"per_node,omitempty"`
 
 	label       string
@@ -93,6 +98,7 @@ func newReport(o *options, m modeSpec) *report {
 		StoreLatMs:  durMs(o.StoreLatency),
 		SkewMs:      durMs(o.Skew),
 		FailClosed:  o.FailClosed,
+		Spread:      o.Spread,
 		label:       m.String(),
 		series:      make([]int64, buckets),
 		idealSeries: make([]int64, buckets),
@@ -102,6 +108,9 @@ func newReport(o *options, m modeSpec) *report {
 	}
 	if o.Realtime {
 		r.Time = "real"
+	}
+	if t := o.trace; t != nil {
+		r.Trace, r.TraceFormat, r.TraceSkipped, r.TraceReordered = o.Trace, t.format.String(), t.skipped, t.reordered
 	}
 	if o.Outage.Dur > 0 {
 		r.Outage = fmt.Sprintf("%v+%v", o.Outage.From, o.Outage.Dur)
@@ -139,40 +148,7 @@ func writeJSON(w io.Writer, reports []*report) error {
 
 // writeTable writes the human summary.
 func writeTable(w io.Writer, o *options, reports []*report) error {
-	var rules []string
-	for _, r := range o.Rules {
-		rules = append(rules, r.String())
-	}
-	clockName := "virtual"
-	if o.Realtime {
-		clockName = "real"
-	}
-	storeName := "memory store"
-	if o.Redis != "" {
-		storeName = "redis " + o.Redis
-	}
-	fmt.Fprintf(w, "%d nodes · pattern %s · %d keys · rules %s · %.0f req/s for %v (%s time) · %s · seed %d\n",
-		o.Nodes, o.Pattern, o.Keys, strings.Join(rules, ", "), o.Rate, o.Duration, clockName, storeName, o.Seed)
-	var faults []string
-	if o.StoreLatency > 0 {
-		faults = append(faults, "store latency "+o.StoreLatency.String())
-	}
-	if o.Outage.Dur > 0 {
-		faults = append(faults, fmt.Sprintf("store outage %v for %v", o.Outage.From, o.Outage.Dur))
-	}
-	if o.Churn.Nodes > 0 {
-		faults = append(faults, fmt.Sprintf("%d nodes away %v for %v", o.Churn.Nodes, o.Churn.From, o.Churn.Dur))
-	}
-	if o.Skew > 0 {
-		faults = append(faults, "clock skew ±"+o.Skew.String())
-	}
-	if o.FailClosed {
-		faults = append(faults, "fail closed")
-	}
-	if len(faults) > 0 {
-		fmt.Fprintf(w, "faults: %s\n", strings.Join(faults, ", "))
-	}
-	fmt.Fprintln(w)
+	writeHeader(w, o)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "config\trequests\tadmitted\tideal\tovershoot %\tfalse-deny %\tpeak/limit\tideal peak\tstore calls\tkeys pushed\t")
 	for _, r := range reports {
@@ -197,4 +173,43 @@ func writeTable(w io.Writer, o *options, reports []*report) error {
 	}
 	_, err := fmt.Fprintf(w, "\novershoot = (admitted − ideal) / ideal; ideal = one exact global limiter fed the same requests;\nfalse-deny = denied by the nodes but admitted by the ideal, over all requests;\npeak/limit = most admitted in any interval of one window (sliding log), over the limit;\nideal peak = the same for the ideal's admissions (the sliding-window estimate itself allows a little over 1).\n")
 	return err
+}
+
+// writeHeader writes the scenario: nodes, traffic, rules, time, store and
+// faults, then a blank line.
+func writeHeader(w io.Writer, o *options) {
+	var rules []string
+	for _, r := range o.Rules {
+		rules = append(rules, r.String())
+	}
+	clockName := "virtual"
+	if o.Realtime {
+		clockName = "real"
+	}
+	storeName := "memory store"
+	if o.Redis != "" {
+		storeName = "redis " + o.Redis
+	}
+	fmt.Fprintf(w, "%d nodes · %s · rules %s · %.0f req/s for %v (%s time) · %s · seed %d\n",
+		o.Nodes, describeTraffic(o), strings.Join(rules, ", "), o.Rate, o.Duration, clockName, storeName, o.Seed)
+	var faults []string
+	if o.StoreLatency > 0 {
+		faults = append(faults, "store latency "+o.StoreLatency.String())
+	}
+	if o.Outage.Dur > 0 {
+		faults = append(faults, fmt.Sprintf("store outage %v for %v", o.Outage.From, o.Outage.Dur))
+	}
+	if o.Churn.Nodes > 0 {
+		faults = append(faults, fmt.Sprintf("%d nodes away %v for %v", o.Churn.Nodes, o.Churn.From, o.Churn.Dur))
+	}
+	if o.Skew > 0 {
+		faults = append(faults, "clock skew ±"+o.Skew.String())
+	}
+	if o.FailClosed {
+		faults = append(faults, "fail closed")
+	}
+	if len(faults) > 0 {
+		fmt.Fprintf(w, "faults: %s\n", strings.Join(faults, ", "))
+	}
+	fmt.Fprintln(w)
 }

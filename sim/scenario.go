@@ -23,43 +23,6 @@ type env struct {
 	progress func(done time.Duration)
 }
 
-// event kinds of the virtual-time driver.
-const (
-	evSync  = iota // a node starts a sync cycle
-	evApply        // a paced cycle's request reaches the store
-	evReply        // a paced cycle's reply reaches the node
-	evClock        // every node measures its offset to the store's clock
-	evEvict        // every node evicts idle keys
-	evLeave        // churn: nodes leave
-	evJoin         // churn: they come back as new nodes
-)
-
-type event struct {
-	at   int64 // ns from the start
-	seq  uint64
-	kind int
-	node int
-	gen  int
-}
-
-type events []event
-
-func (h events) Len() int { return len(h) }
-func (h events) Less(i, j int) bool {
-	if h[i].at != h[j].at {
-		return h[i].at < h[j].at
-	}
-	return h[i].seq < h[j].seq
-}
-func (h events) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *events) Push(x any)   { *h = append(*h, x.(event)) }
-func (h *events) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return e
-}
-
 // simNode is one slot of the cluster; a node that leaves and rejoins is a
 // new Limiter in the same slot.
 type simNode struct {
@@ -89,7 +52,7 @@ type driver struct {
 	pfx   string
 	nodes []*simNode
 	live  []int // present nodes, in slot order
-	rr    int
+	sp    *spreader
 	ev    events
 	seq   uint64
 }
@@ -141,9 +104,12 @@ func (d *driver) newLimiter(i int, t int64) error {
 		return nil
 	}
 	_ = l.SyncClock(d.ctx) // as the background loop does when it starts
+	// Staggered, slot i of N first syncs (i+1)/N of a period after it
+	// starts. N is the number of slots, o.Nodes, not len(d.nodes): the
+	// slots are still being appended while the first limiters start.
 	first := t + int64(d.syncRate())
 	if d.o.Stagger {
-		first = t + int64(d.syncRate())*int64(i+1)/int64(len(d.nodes))
+		first = t + int64(d.syncRate())*int64(i+1)/int64(d.o.Nodes)
 	}
 	d.push(first, evSync, i)
 	return nil
@@ -160,6 +126,16 @@ func (d *driver) setLive() {
 
 // runConfig runs configuration m of o and returns its report.
 func runConfig(o *options, m modeSpec, e env) (*report, error) {
+	d, err := newDriver(o, m, e)
+	if err != nil {
+		return nil, err
+	}
+	return d.run()
+}
+
+// newDriver builds configuration m of o at virtual time 0: the store, every
+// node with its limiter, and the first events.
+func newDriver(o *options, m modeSpec, e env) (*driver, error) {
 	d := &driver{o: o, m: m, env: e, ctx: context.Background()}
 	d.base = newVClock(e.start)
 	d.start = e.start.UnixNano()
@@ -193,18 +169,32 @@ func runConfig(o *options, m modeSpec, e env) (*report, error) {
 		d.push(int64(o.Churn.From), evLeave, -1)
 		d.push(int64(o.Churn.From+o.Churn.Dur), evJoin, -1)
 	}
+	return d, nil
+}
 
+// run drives the traffic through the nodes and the reference to the end
+// of the run and returns the report.
+func (d *driver) run() (*report, error) {
+	o, m, e := d.o, d.m, d.env
 	r := newReport(o, m)
 	ref := newReference(o)
-	names := keyNames(o.Keys)
+	names := runKeys(o)
+	d.sp = newSpreader(o, names)
 	logs := make([][]int64, o.Keys)
 	refLogs := make([][]int64, o.Keys)
 	bucket := int64(o.Bucket)
-	g := newTraffic(o)
+	g, err := newSource(o)
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
 	var tick int64
 	for {
 		q, ok := g.next()
 		if !ok {
+			if err := g.err(); err != nil {
+				return nil, err
+			}
 			break
 		}
 		if err := d.until(q.at); err != nil {
@@ -212,7 +202,7 @@ func runConfig(o *options, m modeSpec, e env) (*report, error) {
 		}
 		now := d.start + q.at
 		d.base.set(now)
-		ni := d.pick(q)
+		ni := d.live[d.sp.pick(q, len(d.live))]
 		n := d.nodes[ni]
 		res, err := n.l.Allow(d.ctx, names[q.key])
 		if err != nil {
@@ -282,17 +272,6 @@ func evictEvery(rules []hybridlimit.Rule) time.Duration {
 	return min(max(longest/2, time.Second), time.Minute)
 }
 
-// pick returns the slot that receives q: round robin over the present
-// nodes, or for -pattern sticky a share of the traffic proportional to
-// 1/(rank+1) for the present node of that rank.
-func (d *driver) pick(q request) int {
-	if d.o.Pattern == "sticky" {
-		return d.live[stickyNode(q.draw, len(d.live))]
-	}
-	d.rr++
-	return d.live[d.rr%len(d.live)]
-}
-
 // until processes every event due at or before t.
 func (d *driver) until(t int64) error {
 	for len(d.ev) > 0 && d.ev[0].at <= t {
@@ -350,7 +329,7 @@ func (d *driver) handle(e event) error {
 		}
 		d.push(e.at+int64(evictEvery(d.o.Rules)), evEvict, -1)
 	case evLeave:
-		for i := len(d.nodes) - d.o.Churn.Nodes; i < len(d.nodes); i++ {
+		for i := d.o.Nodes - d.o.Churn.Nodes; i < d.o.Nodes; i++ {
 			n := d.nodes[i]
 			if n.st.paced.Load() { // finish the cycle under way at once
 				n.st.release <- struct{}{}
@@ -366,7 +345,7 @@ func (d *driver) handle(e event) error {
 		}
 		d.setLive()
 	case evJoin:
-		for i := len(d.nodes) - d.o.Churn.Nodes; i < len(d.nodes); i++ {
+		for i := d.o.Nodes - d.o.Churn.Nodes; i < d.o.Nodes; i++ {
 			if err := d.newLimiter(i, e.at); err != nil {
 				return err
 			}

@@ -77,6 +77,9 @@ func (g *traffic) next() (request, bool) {
 	return r, true
 }
 
+func (g *traffic) err() error   { return nil }
+func (g *traffic) close() error { return nil }
+
 // keyNames returns the user keys of a run.
 func keyNames(n int) []string {
 	names := make([]string, n)
