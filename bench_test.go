@@ -11,6 +11,7 @@ import (
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/internal/storetest"
 	"github.com/hybridlimit/hybridlimit/store"
 )
 
@@ -105,7 +106,7 @@ func BenchmarkSyncCycle(b *testing.B) {
 	l, err := hybridlimit.New(hybridlimit.Config{
 		Rules:        benchRules[1],
 		Mode:         hybridlimit.ModeAsync,
-		Store:        redistest.Store(b, c),
+		Store:        storetest.Redis(b, c),
 		Prefix:       redistest.Prefix(b),
 		Manual:       true,
 		StoreTimeout: 10 * time.Second,

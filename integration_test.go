@@ -14,6 +14,7 @@ import (
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/internal/storetest"
 	"github.com/hybridlimit/hybridlimit/store"
 )
 
@@ -22,7 +23,7 @@ import (
 
 func redisNodes(t *testing.T, c redis.UniversalClient, n int, cfg hybridlimit.Config) []*hybridlimit.Limiter {
 	t.Helper()
-	cfg.Store = redistest.Store(t, c)
+	cfg.Store = storetest.Redis(t, c)
 	if cfg.Prefix == "" {
 		cfg.Prefix = redistest.Prefix(t)
 	}
@@ -124,6 +125,7 @@ func TestRedisSynchronousExactness(t *testing.T) {
 		calls += l.Stats().StoreCalls
 	}
 	t.Logf("1536 synchronous decisions in %d round trips", calls)
+	t.Logf("last error: %v", nodes[0].Stats().LastError)
 }
 
 func TestRedisOutageKeepsDecidingAndCatchesUp(t *testing.T) {

@@ -19,7 +19,7 @@ import (
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
-	"github.com/hybridlimit/hybridlimit/store"
+	"github.com/hybridlimit/hybridlimit/internal/storetest"
 )
 
 // A decider makes one decision of cost 1 for key and reports whether it
@@ -93,7 +93,7 @@ func hybridAsync(tb testing.TB, rules []limit) decider {
 	return newHybrid(tb, hybridlimit.Config{
 		Rules:  hybridRules(rules),
 		Mode:   hybridlimit.ModeAsync,
-		Store:  redistest.Store(tb, redistest.Client(tb)),
+		Store:  storetest.Redis(tb, redistest.Client(tb)),
 		Prefix: redistest.Prefix(tb),
 	})
 }
@@ -102,7 +102,7 @@ func hybridSync(tb testing.TB, rules []limit) decider {
 	return newHybrid(tb, hybridlimit.Config{
 		Rules:  hybridRules(rules),
 		Mode:   hybridlimit.ModeSynchronous,
-		Store:  redistest.Store(tb, redistest.Client(tb)),
+		Store:  storetest.Redis(tb, redistest.Client(tb)),
 		Prefix: redistest.Prefix(tb),
 	})
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
-	"github.com/hybridlimit/hybridlimit/store"
+	"github.com/hybridlimit/hybridlimit/internal/storetest"
 )
 
 // Concurrency. Local decisions are CPU-bound: BenchmarkLocal sets
@@ -160,7 +160,7 @@ func benchSyncHybrid(b *testing.B, nkeys int) {
 	l, err := hybridlimit.New(hybridlimit.Config{
 		Rules:  hybridRules(oneRule),
 		Mode:   hybridlimit.ModeAsync,
-		Store:  redistest.Store(b, redistest.Client(b)),
+		Store:  storetest.Redis(b, redistest.Client(b)),
 		Prefix: redistest.Prefix(b),
 		Manual: true,
 		// A cycle of 100k keys takes hundreds of milliseconds on a busy

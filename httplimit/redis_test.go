@@ -14,6 +14,7 @@ import (
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/httplimit"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/internal/storetest"
 )
 
 // node is one service instance: its own limiter and middleware behind its
@@ -42,7 +43,7 @@ func TestClusterThreeNodes(t *testing.T) {
 		for i := range nodes {
 			cfg := hybridlimit.Config{Rules: []hybridlimit.Rule{rule}, Mode: mode}
 			if mode == hybridlimit.ModeAsync {
-				cfg.Store, cfg.Prefix, cfg.SyncRate = redistest.Store(t, rdb), prefix, 10*time.Millisecond
+				cfg.Store, cfg.Prefix, cfg.SyncRate = storetest.Redis(t, rdb), prefix, 10*time.Millisecond
 			}
 			l, err := hybridlimit.New(cfg)
 			require.NoError(t, err)
@@ -102,7 +103,7 @@ func TestClusterThreeNodes(t *testing.T) {
 
 	// The store holds exactly what the async nodes admitted.
 	ctx := context.Background()
-	keys, err := rdb.Keys(ctx, prefix+":*").Result()
+	keys, err := rdb.Keys(ctx, prefix+":{*").Result() // counters; markers are prefix:m:… and prefix:t:…
 	require.NoError(t, err)
 	require.Len(t, keys, 1, "one counter: one key, one rule, one window")
 	total, err := rdb.Get(ctx, keys[0]).Int()
@@ -123,7 +124,7 @@ func TestStoreFailure(t *testing.T) {
 				cfg := hybridlimit.Config{
 					Rules:         []hybridlimit.Rule{{Limit: 100, Window: time.Hour}},
 					Mode:          mode,
-					Store:         redistest.Store(t, rdb),
+					Store:         storetest.Redis(t, rdb),
 					Prefix:        redistest.Prefix(t),
 					FailurePolicy: policy,
 					StoreTimeout:  200 * time.Millisecond,

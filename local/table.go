@@ -56,6 +56,7 @@ type Table struct {
 
 	maxKeys int64
 	keys    atomic.Int64 // entries in the maps plus insertions under way
+	entries atomic.Int64 // entries in the maps
 
 	closed    atomic.Bool
 	flushed   chan struct{} // closed when the final flush has ended
@@ -133,7 +134,9 @@ func (t *Table) loadOrCreate(k hkey, now int64) *Entry {
 		created = true
 		return t.scratch(k.s, now), false
 	})
-	if !created {
+	if created {
+		t.entries.Add(1)
+	} else {
 		t.keys.Add(-1)
 	}
 	if !loaded && !created {
@@ -154,8 +157,8 @@ func (t *Table) scratch(key string, now int64) *Entry {
 	return e
 }
 
-// Len returns the number of entries.
-func (t *Table) Len() int { return int(t.keys.Load()) }
+// Len returns the number of entries; it never exceeds MaxKeys.
+func (t *Table) Len() int { return int(t.entries.Load()) }
 
 // rangeEntries calls f for every entry until f returns false.
 func (t *Table) rangeEntries(f func(e *Entry) bool) {
@@ -260,6 +263,7 @@ func (t *Table) tryEvict(e *Entry, seenBefore int64) bool {
 	t.shard(k).Compute(k, func(old *Entry, loaded bool) (*Entry, bool) {
 		return old, loaded && old == e
 	})
+	t.entries.Add(-1)
 	t.keys.Add(-1)
 	t.evicted.Add(1)
 	t.goneAllow.Add(e.allowed.Load())

@@ -135,7 +135,8 @@ func runModes(o *options, modes []modeSpec, tag string, stderr io.Writer) ([]*re
 			ce.newStore = func(c *vclock) (store.Store, string, error) {
 				pfx := fmt.Sprintf("%s_%d", runID, i)
 				if rdb != nil {
-					return store.NewRedis(rdb), pfx, nil
+					s, err := store.NewRedis(rdb, store.RedisOptions{})
+					return s, pfx, err
 				}
 				return store.NewMemory(c), pfx, nil
 			}

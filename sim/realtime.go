@@ -29,7 +29,11 @@ func runRealtime(o *options, rdb *redis.Client, stderr io.Writer) ([]*report, er
 		if pfx == "" {
 			pfx = fmt.Sprintf("simrt_%d", time.Now().UnixNano())
 		}
-		r, err := realtimeConfig(o, m, store.NewRedis(rdb), fmt.Sprintf("%s_%d", pfx, i))
+		st, err := store.NewRedis(rdb, store.RedisOptions{})
+		if err != nil {
+			return nil, err
+		}
+		r, err := realtimeConfig(o, m, st, fmt.Sprintf("%s_%d", pfx, i))
 		if err != nil {
 			return nil, fmt.Errorf("%v: %w", m, err)
 		}
@@ -211,9 +215,11 @@ func stickyNode(draw float64, n int) int {
 // realStore counts the round trips of the real store.
 type realStore struct{ s *simStore }
 
-func (s *realStore) Apply(ctx context.Context, ops []store.Op) error {
+func (s *realStore) Group(key string) int { return s.s.inner.Group(key) }
+
+func (s *realStore) Push(ctx context.Context, batches []*store.Batch) error {
 	s.s.calls.Add(1)
-	return s.s.inner.Apply(ctx, ops)
+	return s.s.inner.Push(ctx, batches)
 }
 
 func (s *realStore) Take(ctx context.Context, reqs []*store.TakeRequest) error {

@@ -31,13 +31,19 @@ func (s *simStore) down() error {
 	return nil
 }
 
-func (s *simStore) apply(ctx context.Context, ops []store.Op) error {
+func (s *simStore) push(ctx context.Context, batches []*store.Batch) error {
 	s.calls.Add(1)
 	if err := s.down(); err != nil {
-		return err
+		for _, b := range batches {
+			b.Status, b.Err = store.Failed, err
+		}
+		return nil
 	}
-	return s.inner.Apply(ctx, ops)
+	return s.inner.Push(ctx, batches)
 }
+
+// Group implements store.Store.
+func (s *simStore) Group(key string) int { return s.inner.Group(key) }
 
 // nodeStore is one node's handle on the shared simStore. With a simulated
 // latency, the driver runs the node's sync cycle on a goroutine and paces
@@ -58,14 +64,14 @@ func newNodeStore(s *simStore) *nodeStore {
 	return &nodeStore{simStore: s, entered: make(chan struct{}), release: make(chan struct{}), applied: make(chan struct{})}
 }
 
-// Apply implements store.Store.
-func (s *nodeStore) Apply(ctx context.Context, ops []store.Op) error {
+// Push implements store.Store.
+func (s *nodeStore) Push(ctx context.Context, batches []*store.Batch) error {
 	if !s.paced.Load() {
-		return s.apply(ctx, ops)
+		return s.push(ctx, batches)
 	}
 	s.entered <- struct{}{}
 	<-s.release
-	err := s.apply(ctx, ops)
+	err := s.push(ctx, batches)
 	s.applied <- struct{}{}
 	<-s.release
 	return err
@@ -75,7 +81,10 @@ func (s *nodeStore) Apply(ctx context.Context, ops []store.Op) error {
 func (s *nodeStore) Take(ctx context.Context, reqs []*store.TakeRequest) error {
 	s.calls.Add(1)
 	if err := s.down(); err != nil {
-		return err
+		for _, r := range reqs {
+			r.Status, r.Err = store.Failed, err
+		}
+		return nil
 	}
 	return s.inner.Take(ctx, reqs)
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,13 @@ type Redis struct {
 	node    string // this store's identity in take markers
 	seq     atomic.Uint64
 	breaker *breaker
+
+	// Take calls go out on streams: a stream carries one pipeline at a
+	// time, so that the take marker of a stream and group sees its calls
+	// in order (a client's retry of a call comes before the next call).
+	streamMu sync.Mutex
+	streams  []int // free stream ids
+	nstreams int
 
 	calls atomic.Uint64
 }
@@ -352,6 +360,9 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 	}
 	ttl := int64(time.Minute / time.Millisecond)
 	s.lanes(len(calls), func(i int) int { return calls[i].group % s.o.Lanes }, func(items []int) {
+		stream := s.stream()
+		defer s.releaseStream(stream)
+		node := s.node + "." + strconv.Itoa(stream)
 		var send []int
 		addrs := make(map[int]string, len(items))
 		for _, i := range items {
@@ -374,7 +385,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			c := calls[i]
 			rules := c.reqs[0].Rules
 			keys := make([]string, 0, 1+2*len(rules)*len(c.reqs))
-			keys = append(keys, markerKey(c.reqs[0].Prefix, 't', s.slotOf(c.group), s.node))
+			keys = append(keys, markerKey(c.reqs[0].Prefix, 't', s.slotOf(c.group), node))
 			argv := make([]any, 0, 5+3*len(rules)+3*len(c.reqs))
 			argv = append(argv, c.seq, ttl, c.reqs[0].Deadline, len(c.reqs), len(rules))
 			for _, rule := range rules {
@@ -408,6 +419,25 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 		s.reportAll(outcome)
 	})
 	return nil
+}
+
+// stream returns a free stream id.
+func (s *Redis) stream() int {
+	s.streamMu.Lock()
+	defer s.streamMu.Unlock()
+	if n := len(s.streams); n > 0 {
+		id := s.streams[n-1]
+		s.streams = s.streams[:n-1]
+		return id
+	}
+	s.nstreams++
+	return s.nstreams - 1
+}
+
+func (s *Redis) releaseStream(id int) {
+	s.streamMu.Lock()
+	s.streams = append(s.streams, id)
+	s.streamMu.Unlock()
 }
 
 // readTake sets the results of reqs from their script call.
@@ -456,12 +486,42 @@ func readTake(cmd *redis.Cmd, reqs []*TakeRequest) {
 	}
 }
 
-// Time implements Store.
+// Time implements Store. In a Redis Cluster it asks the masters in turn
+// until one answers, so that one dead shard does not make the whole store
+// look down.
 func (s *Redis) Time(ctx context.Context) (time.Time, error) {
 	s.calls.Add(1)
 	t, err := s.c.Time(ctx).Result()
-	if err != nil {
+	if err == nil {
+		return t, nil
+	}
+	if s.cluster == nil || ctx.Err() != nil {
 		return time.Time{}, fmt.Errorf("store: redis TIME: %w", err)
 	}
-	return t, nil
+	var mu sync.Mutex
+	first := err
+	var got time.Time
+	errFound := errors.New("found")
+	err = s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		mu.Lock()
+		done := !got.IsZero()
+		mu.Unlock()
+		if done {
+			return nil
+		}
+		t, err := c.Time(ctx).Result()
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			return nil
+		}
+		if got.IsZero() {
+			got = t
+		}
+		return errFound
+	})
+	if !got.IsZero() {
+		return got, nil
+	}
+	return time.Time{}, fmt.Errorf("store: redis TIME: no master answered: %w", first)
 }

@@ -181,7 +181,12 @@ func (l *Loop) Cycle(ctx context.Context) error {
 	l.entries = l.cfg.Table.Touched(l.entries)
 	if len(l.entries) == 0 && len(l.doubt) == 0 {
 		if l.failing.Load() {
-			return l.probe(ctx)
+			// Nothing to send, but the store was failing: probe it, so
+			// that a fail-closed limiter learns that it is back.
+			if err := l.probe(ctx); err != nil {
+				return err
+			}
+			l.failing.Store(false)
 		}
 		return nil
 	}
@@ -189,6 +194,9 @@ func (l *Loop) Cycle(ctx context.Context) error {
 	res := l.sendAll(ctx, l.entries, false)
 	failed := l.cycleFailed
 	l.failed.Store(&failed)
+	if res.applied == 0 && res.failed > 0 {
+		res.down = l.probe(ctx) != nil // a failed probe marks every group failing
+	}
 	keys := len(l.entries)
 	clear(l.entries)
 	end := l.cfg.Clock.Now()
@@ -213,6 +221,7 @@ func (l *Loop) sendAll(ctx context.Context, entries []*local.Entry, final bool) 
 type result struct {
 	applied, failed int // batches
 	first           error
+	down            bool // nothing applied, and the store failed a probe
 }
 
 func (r *result) add(o result) {
@@ -223,16 +232,18 @@ func (r *result) add(o result) {
 	}
 }
 
-// errNoneApplied marks a cycle in which no batch reached the store: Run
-// backs off after it. A cycle in which some batches were applied (a dead
-// shard of a cluster) keeps the rate.
-var errNoneApplied = errors.New("no batch applied")
+// errNoneApplied marks a cycle in which no batch reached the store and the
+// store did not answer a probe either: Run backs off after it. A cycle in
+// which some batches were applied, or whose failed batches all belong to a
+// part of the store that is down (a dead shard of a cluster) while the rest
+// answers, keeps the rate.
+var errNoneApplied = errors.New("the store does not answer")
 
 func (r *result) err() error {
-	switch {
-	case r.first == nil:
+	if r.first == nil {
 		return nil
-	case r.applied == 0:
+	}
+	if r.down {
 		return fmt.Errorf("%w (%w)", r.first, errNoneApplied)
 	}
 	return r.first
@@ -396,7 +407,6 @@ func (l *Loop) probe(ctx context.Context) error {
 		l.fail(err)
 		return fmt.Errorf("%w (%w)", err, errNoneApplied)
 	}
-	l.failing.Store(false)
 	return nil
 }
 

@@ -109,8 +109,12 @@ func newServer(c config, log *slog.Logger) (*hybridlimit.Limiter, http.Handler, 
 	}
 	if c.redisAddr != "" {
 		rdb := redis.NewClient(&redis.Options{Addr: c.redisAddr})
-		st := store.NewRedis(rdb)
-		closers = append(closers, st.Close, rdb.Close)
+		st, err := store.NewRedis(rdb, store.RedisOptions{})
+		if err != nil {
+			_ = rdb.Close()
+			return nil, nil, err
+		}
+		closers = append(closers, rdb.Close)
 		cfg.Store, cfg.Prefix = st, c.prefix
 		cfg.Mode, cfg.SyncRate = hybridlimit.ModeAsync, c.syncRate
 		if c.syncRate == 0 {

@@ -19,8 +19,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/hybridlimit/hybridlimit/store"
 )
 
 // EnvAddr is the environment variable holding the test server's address.
@@ -188,14 +186,4 @@ func (p *Proxy) pipe(dst, src net.Conn, replies bool) {
 	delete(p.conns, dst)
 	delete(p.conns, src)
 	p.mu.Unlock()
-}
-
-// Store returns a store.Redis on c with the default options.
-func Store(t testing.TB, c redis.UniversalClient) *store.Redis {
-	t.Helper()
-	s, err := store.NewRedis(c, store.RedisOptions{})
-	if err != nil {
-		t.Fatalf("store.NewRedis: %v", err)
-	}
-	return s
 }

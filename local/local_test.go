@@ -1,0 +1,248 @@
+package local
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const w = int64(1000) // window size, ns, for these tests
+
+func newTestTable(t *testing.T, syncing bool, limits ...int64) *Table {
+	t.Helper()
+	var rules []Rule
+	for i, l := range limits {
+		rules = append(rules, NewRule(l, 0, false))
+		rules[i].w, rules[i].invW = w*int64(i+1), 1/float64(w*int64(i+1))
+	}
+	return NewTable(Options{Rules: rules, MaxKeys: 1000, Syncing: syncing, ReadPrev: 3 * w})
+}
+
+func allow(t *testing.T, tb *Table, key string, n, now int64) bool {
+	t.Helper()
+	d, st := tb.Allow(key, n, now)
+	require.Equal(t, Decided, st)
+	return d.Allowed
+}
+
+func entry(t *testing.T, tb *Table, key string) *Entry {
+	t.Helper()
+	e, ok := tb.load(tb.hash(key))
+	require.True(t, ok)
+	return e
+}
+
+// settleAll takes e's pushes and settles them with totals equal to what
+// this node pushed plus others (per push).
+func takeSettle(tb *Table, e *Entry, now int64, others int64) []Push {
+	pushes, _ := tb.Take(e, now, nil)
+	totals := make([]int64, len(pushes))
+	for i, p := range pushes {
+		totals[i] = p.Delta + others
+	}
+	tb.Settle(e, pushes, totals)
+	return pushes
+}
+
+func TestRolloverKeepsThePreviousWindow(t *testing.T) {
+	tb := newTestTable(t, true, 100)
+	assert.True(t, allow(t, tb, "k", 3, 5*w))
+	e := entry(t, tb, "k")
+	c, s := &e.c[0], &e.s[0]
+	assert.True(t, allow(t, tb, "k", 1, 6*w)) // rolls over
+	assert.Equal(t, int64(6), c.win.Load())
+	assert.Equal(t, int64(3), c.prev.Load())
+	assert.Equal(t, int64(1), word(c.word.Load()).count())
+	assert.Equal(t, int64(3), s.prevPending, "the 3 still have to be pushed to window 5")
+	// Two windows on, the 3 were never pushed: they are kept as stale, to
+	// be pushed still, and the 1 becomes the previous window's.
+	assert.True(t, allow(t, tb, "k", 1, 7*w))
+	assert.Equal(t, int64(3), s.stale)
+	assert.Equal(t, int64(5), s.staleWin)
+	pushes, _ := tb.Take(e, 7*w, nil)
+	assert.Equal(t, []Push{{Rule: 0, Win: 7, Delta: 1, kind: pushCur}, {Rule: 0, Win: 6, Delta: 1, kind: pushPrev}, {Rule: 0, Win: 5, Delta: 3, kind: pushStale}}, pushes)
+	assert.Equal(t, uint64(0), tb.Stats().Dropped, "nothing dropped while the loop takes")
+}
+
+func TestTakeSettleRelease(t *testing.T) {
+	tb := newTestTable(t, true, 100)
+	assert.True(t, allow(t, tb, "k", 4, 5*w))
+	e := entry(t, tb, "k")
+	c, s := &e.c[0], &e.s[0]
+	pushes, _ := tb.Take(e, 5*w, nil)
+	require.Equal(t, []Push{{Rule: 0, Win: 5, Delta: 4}}, pushes)
+	assert.Equal(t, int64(4), s.inflight)
+	assert.Equal(t, int64(4), c.base.Load(), "in flight still counts")
+	// Not applied: back to the next take.
+	tb.Release(e, pushes)
+	assert.Equal(t, int64(0), s.inflight)
+	assert.Equal(t, int64(4), s.adj)
+	assert.Equal(t, int64(4), c.base.Load())
+	assert.True(t, allow(t, tb, "k", 1, 5*w))
+	pushes, _ = tb.Take(e, 5*w, nil)
+	require.Equal(t, []Push{{Rule: 0, Win: 5, Delta: 5}}, pushes)
+	// Applied, the others had pushed 10.
+	tb.Settle(e, pushes, []int64{15})
+	assert.Equal(t, int64(15), c.base.Load())
+	assert.Equal(t, int64(0), tb.Unsynced(e))
+	res, _ := tb.Peek("k", 1, 5*w+w/2), 0
+	assert.Equal(t, int64(85), res.Remaining)
+}
+
+func TestSettleAndReleaseAfterRollover(t *testing.T) {
+	tb := newTestTable(t, true, 100)
+	assert.True(t, allow(t, tb, "k", 4, 5*w))
+	e := entry(t, tb, "k")
+	c, s := &e.c[0], &e.s[0]
+	pushes, _ := tb.Take(e, 5*w, nil)
+	assert.True(t, allow(t, tb, "k", 1, 6*w)) // rolls over while the push is on its way
+	tb.Settle(e, pushes, []int64{10})
+	assert.Equal(t, int64(10), c.prev.Load(), "the pushed window is the previous one now")
+	assert.Equal(t, int64(0), s.prevInflight)
+
+	assert.True(t, allow(t, tb, "k", 2, 6*w))
+	pushes, _ = tb.Take(e, 6*w, nil)
+	require.Len(t, pushes, 2, "current window, and the previous one still read")
+	assert.True(t, allow(t, tb, "k", 1, 7*w)) // rolls over again
+	tb.Release(e, pushes)
+	assert.Equal(t, int64(3), s.prevPending, "window 6's 3 go back to be pushed as the previous window")
+	assert.Equal(t, int64(0), s.prevInflight)
+	assert.Equal(t, int64(4), tb.Unsynced(e), "3 of window 6, 1 of window 7")
+}
+
+// undo takes back exactly what a decision counted, whatever moved its
+// increment since: nothing, a take, or a rollover; for any number of rules.
+func TestUndoIsExact(t *testing.T) {
+	limits := []int64{100, 100, 100, 100, 100, 2}
+	tb := newTestTable(t, true, limits...)
+	// The 6th rule denies the third request: the five others take back
+	// what they counted.
+	assert.True(t, allow(t, tb, "k", 1, 60*w))
+	assert.True(t, allow(t, tb, "k", 1, 60*w))
+	assert.False(t, allow(t, tb, "k", 1, 60*w))
+	e := entry(t, tb, "k")
+	for i := range 5 {
+		assert.Equal(t, int64(2), word(e.c[i].word.Load()).count(), "rule %d", i)
+	}
+	// After a take: the taken-back increment becomes −1 in the next push.
+	var words [MaxRules]word
+	var wins [MaxRules]int64
+	words[0], wins[0] = word(e.c[0].word.Load()), e.c[0].win.Load()
+	pushes, _ := tb.Take(e, 60*w, nil)
+	tb.undo(e, 0, words[0], wins[0], 1)
+	assert.Equal(t, int64(-1), e.s[0].adj)
+	assert.Equal(t, int64(1), e.c[0].base.Load(), "the view drops it at once")
+	tb.Settle(e, pushes, []int64{2, 2, 2, 2, 2, 2})
+	pushes, _ = tb.Take(e, 60*w, nil)
+	assert.Equal(t, int64(-1), pushes[0].Delta)
+	// After a rollover: taken back from the previous window.
+	tb = newTestTable(t, true, 100, 100)
+	assert.True(t, allow(t, tb, "r", 1, 60*w))
+	e = entry(t, tb, "r")
+	words[1], wins[1] = word(e.c[1].word.Load()), e.c[1].win.Load()
+	assert.True(t, allow(t, tb, "r", 1, 62*w)) // rule 1 (window 2w) rolls over
+	assert.Equal(t, int64(1), e.c[1].prev.Load())
+	tb.undo(e, 1, words[1], wins[1], 1)
+	assert.Equal(t, int64(0), e.c[1].prev.Load())
+	assert.Equal(t, int64(0), e.s[1].prevPending, "1 pending for window 30, taken back")
+	assert.Equal(t, int64(3), tb.Unsynced(e), "rule 0: both requests (one stale); rule 1: the second only")
+}
+
+// Decisions and takes racing on one key lose nothing and count nothing
+// twice.
+func TestConcurrentDecisionsAndTakesLoseNothing(t *testing.T) {
+	tb := newTestTable(t, true, 1<<40, 1<<40)
+	const goroutines, each = 8, 2000
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				if allow(t, tb, "k", 1, int64(g*each+i)) {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	var pushed [2]int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if e, ok := tb.load(tb.hash("k")); ok {
+				for _, p := range takeSettle(tb, e, 0, 0) {
+					pushed[p.Rule] += p.Delta
+				}
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-done
+	e := entry(t, tb, "k")
+	for _, p := range takeSettle(tb, e, 0, 0) {
+		pushed[p.Rule] += p.Delta
+	}
+	assert.Equal(t, admitted.Load(), pushed[0])
+	assert.Equal(t, admitted.Load(), pushed[1])
+	assert.Equal(t, int64(goroutines*each), admitted.Load())
+}
+
+// MaxKeys is exact: however many goroutines race to create keys, the
+// table never holds more.
+func TestMaxKeysIsExact(t *testing.T) {
+	tb := NewTable(Options{Rules: []Rule{NewRule(10, 1000, false)}, MaxKeys: 100})
+	var full atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 64 {
+		wg.Go(func() {
+			for i := range 50 {
+				if _, st := tb.Allow(fmt.Sprint(g, "-", i), 1, 0); st == Full {
+					full.Add(1)
+				}
+				assert.LessOrEqual(t, tb.Len(), 100)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, 100, tb.Stats().Keys)
+	assert.Equal(t, int64(64*50-100), full.Load())
+}
+
+func TestEvictIdleOnly(t *testing.T) {
+	tb := newTestTable(t, true, 100)
+	assert.True(t, allow(t, tb, "idle", 1, 5*w))
+	assert.True(t, allow(t, tb, "pending", 1, 5*w))
+	e := entry(t, tb, "idle")
+	takeSettle(tb, e, 5*w, 0)
+	assert.Equal(t, 0, tb.Evict(7*w), "idle for exactly two windows")
+	assert.Equal(t, 1, tb.Evict(7*w+1), "the key with unpushed increments stays")
+	_, ok := tb.load(tb.hash("idle"))
+	assert.False(t, ok)
+	assert.True(t, e.has(flagDead))
+	assert.Equal(t, 1, tb.Len())
+}
+
+// The synchronous mode's mirror: Observe rolls the key's counters to the
+// decision's window, so State stays right after the key's first window.
+func TestObserveRollsOver(t *testing.T) {
+	tb := newTestTable(t, true, 10)
+	for win := int64(5); win < 9; win++ {
+		tb.Observe("k", win*w+1, []Counts{{Prev: 0, Cur: 3}}, true, true)
+		var v [1]Counts
+		require.True(t, tb.View("k", win*w+1, v[:]))
+		assert.Equal(t, int64(3), v[0].Cur, "window %d", win)
+		rem, _ := tb.rules[0].Level(v[0])
+		assert.Equal(t, int64(7), rem, "window %d", win)
+	}
+}

@@ -1,0 +1,234 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/internal/storetest"
+	"github.com/hybridlimit/hybridlimit/local"
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// The store contract: every Store implementation passes the same tests.
+
+func TestMemoryContract(t *testing.T) {
+	runContract(t, func(t *testing.T) (store.Store, string) {
+		return store.NewMemory(nil), "hl"
+	})
+}
+
+func TestRedisContract(t *testing.T) {
+	c := redistest.Client(t)
+	runContract(t, func(t *testing.T) (store.Store, string) {
+		return storetest.Redis(t, c), redistest.Prefix(t)
+	})
+}
+
+// future is a minute boundary in 2030: counters of its windows expire long
+// after the test, whatever the store's clock.
+const future = int64(1_893_456_000_000) // ms
+
+// batch returns a batch of ops on key for node, in key's group.
+func batch(s store.Store, pfx, node, key string, seq uint64, ops ...store.Op) *store.Batch {
+	for i := range ops {
+		ops[i].Key = key
+	}
+	return &store.Batch{Prefix: pfx, Node: node, Group: s.Group(key), Seq: seq, Ops: ops}
+}
+
+func op(window, id, delta int64) store.Op {
+	return store.Op{Counter: store.Counter{Window: window, ID: id}, Delta: delta}
+}
+
+func push(t *testing.T, s store.Store, bs ...*store.Batch) {
+	t.Helper()
+	require.NoError(t, s.Push(context.Background(), bs))
+	for _, b := range bs {
+		require.Equal(t, store.Applied, b.Status, "%v", b.Err)
+		require.NoError(t, b.Err)
+	}
+}
+
+func newTake(pfx, key string, nowMs, cost int64, peek, countDenied bool, rules ...store.TakeRule) *store.TakeRequest {
+	return &store.TakeRequest{
+		Prefix: pfx, Key: key, Rules: rules, Now: nowMs * 1000, Cost: cost, Peek: peek, CountDenied: countDenied,
+		Deadline: time.Now().Add(time.Hour).UnixMicro(),
+	}
+}
+
+func take(t *testing.T, s store.Store, rs ...*store.TakeRequest) {
+	t.Helper()
+	require.NoError(t, s.Take(context.Background(), rs))
+	for _, r := range rs {
+		require.Equal(t, store.Applied, r.Status, "%v", r.Err)
+	}
+}
+
+func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
+	const w = 60_000
+	id := future / w
+	t.Run("PushIncrementsAndReads", func(t *testing.T) {
+		s, pfx := open(t)
+		b := batch(s, pfx, "n1", "user", 1, op(w, id, 3), op(w, id, 4), op(w, id+1, 0), op(w, id, -2))
+		push(t, s, b)
+		assert.Equal(t, []int64{3, 7, 0, 5}, b.Totals)
+		b = batch(s, pfx, "n1", "user", 2, op(w, id, 0), op(w, id+1, 0))
+		push(t, s, b)
+		assert.Equal(t, []int64{5, 0}, b.Totals, "a read never creates a counter")
+		require.NoError(t, s.Push(context.Background(), nil), "nothing to push is fine")
+	})
+	t.Run("PushIsAtMostOnce", func(t *testing.T) {
+		s, pfx := open(t)
+		b := batch(s, pfx, "n1", "once", 7, op(w, id, 5))
+		push(t, s, b)
+		again := batch(s, pfx, "n1", "once", 7, op(w, id, 5))
+		push(t, s, again)
+		assert.Equal(t, []int64{5}, again.Totals, "sent again: applied once, the total read back")
+		older := batch(s, pfx, "n1", "once", 6, op(w, id, 5))
+		push(t, s, older)
+		assert.Equal(t, []int64{5}, older.Totals, "an older batch of the group is never applied after a newer one")
+		other := batch(s, pfx, "n2", "once", 7, op(w, id, 1))
+		push(t, s, other)
+		assert.Equal(t, []int64{6}, other.Totals, "another node's batches are its own")
+		next := batch(s, pfx, "n1", "once", 8, op(w, id, 1))
+		push(t, s, next)
+		assert.Equal(t, []int64{7}, next.Totals)
+	})
+	t.Run("GroupsHoldWholeKeys", func(t *testing.T) {
+		s, _ := open(t)
+		for _, k := range []string{"a", "b", "{x}", "long key with spaces"} {
+			g := s.Group(k)
+			assert.GreaterOrEqual(t, g, 0)
+			assert.Equal(t, g, s.Group(k), "stable")
+		}
+	})
+	t.Run("ConcurrentPushesLoseNothing", func(t *testing.T) {
+		s, pfx := open(t)
+		var wg sync.WaitGroup
+		for n := range 8 {
+			wg.Go(func() {
+				for i := range 50 {
+					b := batch(s, pfx, fmt.Sprint("n", n), "busy", uint64(i+1), op(w, id, 2))
+					assert.NoError(t, s.Push(context.Background(), []*store.Batch{b}))
+					assert.Equal(t, store.Applied, b.Status)
+				}
+			})
+		}
+		wg.Wait()
+		b := batch(s, pfx, "reader", "busy", 1, op(w, id, 0))
+		push(t, s, b)
+		assert.Equal(t, int64(800), b.Totals[0])
+	})
+	t.Run("TakeAdmitsUpToTheLimit", func(t *testing.T) {
+		s, pfx := open(t)
+		rule := store.TakeRule{Limit: 5, Window: w}
+		var allowed []bool
+		for _, cost := range []int64{2, 2, 2, 1, 1} {
+			r := newTake(pfx, "k", future+30_000, cost, false, false, rule)
+			take(t, s, r)
+			allowed = append(allowed, r.Allowed)
+		}
+		assert.Equal(t, []bool{true, true, false, true, false}, allowed)
+		p := newTake(pfx, "k", future+30_000, 1, true, false, rule)
+		take(t, s, p)
+		assert.False(t, p.Allowed)
+		assert.Equal(t, []store.WindowCounts{{Cur: 5}}, p.Counts)
+	})
+	t.Run("TakeWeighsThePreviousWindow", func(t *testing.T) {
+		s, pfx := open(t)
+		// Cloudflare's example: 42 in the previous minute, 18 in this one,
+		// 15 s in: 42·0.75 + 18 = 49.5, so a limit of 50 admits nothing
+		// more and a limit of 51 admits one.
+		push(t, s, batch(s, pfx, "n", "slide", 1, op(w, id-1, 42), op(w, id, 18)))
+		now := future + 15_000
+		r := newTake(pfx, "slide", now, 1, false, false, store.TakeRule{Limit: 50, Window: w})
+		take(t, s, r)
+		assert.False(t, r.Allowed)
+		assert.Equal(t, []store.WindowCounts{{Cur: 18, Prev: 42}}, r.Counts)
+		r = newTake(pfx, "slide", now, 1, false, false, store.TakeRule{Limit: 51, Window: w})
+		take(t, s, r)
+		assert.True(t, r.Allowed)
+		assert.Equal(t, []store.WindowCounts{{Cur: 19, Prev: 42}}, r.Counts)
+		r = newTake(pfx, "slide", now, 1, false, false, store.TakeRule{Limit: 20, Window: w, Fixed: true})
+		take(t, s, r)
+		assert.True(t, r.Allowed, "a fixed window ignores the previous one")
+		assert.Equal(t, []store.WindowCounts{{Cur: 20}}, r.Counts)
+	})
+	t.Run("TakeChecksEveryRuleBeforeCounting", func(t *testing.T) {
+		s, pfx := open(t)
+		rules := []store.TakeRule{{Limit: 10, Window: 1000}, {Limit: 2, Window: w}}
+		var got []bool
+		for range 3 {
+			r := newTake(pfx, "multi", future, 1, false, false, rules...)
+			take(t, s, r)
+			got = append(got, r.Allowed)
+		}
+		assert.Equal(t, []bool{true, true, false}, got)
+		r := newTake(pfx, "multi", future, 1, true, false, rules...)
+		take(t, s, r)
+		assert.Equal(t, []store.WindowCounts{{Cur: 2}, {Cur: 2}}, r.Counts, "the denied request counted in no rule")
+	})
+	t.Run("TakeCountDenied", func(t *testing.T) {
+		s, pfx := open(t)
+		rule := store.TakeRule{Limit: 1, Window: 1000}
+		for _, want := range []bool{true, false, false} {
+			r := newTake(pfx, "penalty", future, 1, false, true, rule)
+			take(t, s, r)
+			assert.Equal(t, want, r.Allowed)
+		}
+		r := newTake(pfx, "penalty", future, 1, true, false, rule)
+		take(t, s, r)
+		assert.Equal(t, int64(3), r.Counts[0].Cur)
+	})
+	t.Run("TakeBatchBadRequestsAndDeadline", func(t *testing.T) {
+		s, pfx := open(t)
+		rule := store.TakeRule{Limit: 1, Window: 1000}
+		good := newTake(pfx, "batch", future, 1, false, false, rule)
+		good2 := newTake(pfx, "batch", future, 1, false, false, rule)
+		bad := newTake(pfx, "", future, 1, false, false, rule)
+		late := newTake(pfx, "late", future, 1, false, false, rule)
+		late.Deadline = time.Now().Add(-time.Second).UnixMicro()
+		require.NoError(t, s.Take(context.Background(), []*store.TakeRequest{good, bad, good2}))
+		assert.Equal(t, store.Applied, good.Status)
+		assert.Equal(t, store.Failed, bad.Status)
+		assert.ErrorContains(t, bad.Err, "empty key")
+		assert.Equal(t, store.Applied, good2.Status)
+		assert.Equal(t, []bool{true, false}, []bool{good.Allowed, good2.Allowed}, "in order")
+		require.NoError(t, s.Take(context.Background(), []*store.TakeRequest{late}))
+		assert.Equal(t, store.Failed, late.Status, "past its deadline: not decided")
+		p := newTake(pfx, "late", future, 1, true, false, rule)
+		take(t, s, p)
+		assert.Equal(t, int64(0), p.Counts[0].Cur, "nothing counted")
+	})
+	t.Run("TakeFollowsLocalAdmits", func(t *testing.T) {
+		// The store's admission rule is local.Rule.Admits: random cases,
+		// including the boundaries of the floating-point comparison.
+		s, pfx := open(t)
+		rng := rand.New(rand.NewPCG(1, 2))
+		for i := range 200 {
+			limit := 1 + rng.Int64N(100)
+			win := []int64{1000, 7000, 60_000}[rng.IntN(3)]
+			fixed := rng.IntN(4) == 0
+			prev, cur := rng.Int64N(2*limit), rng.Int64N(limit+2)
+			cost := 1 + rng.Int64N(limit)
+			wid := future/win + int64(i)
+			elapsed := rng.Int64N(win * 1000) // µs
+			key := fmt.Sprint("adm", i)
+			push(t, s, batch(s, pfx, "n", key, uint64(i+1), op(win, wid-1, prev), op(win, wid, cur)))
+			r := newTake(pfx, key, 0, cost, true, false, store.TakeRule{Limit: limit, Window: win, Fixed: fixed})
+			r.Now = wid*win*1000 + elapsed
+			take(t, s, r)
+			lr := local.NewRule(limit, time.Duration(win)*time.Millisecond, fixed)
+			want := lr.Admits(prev, cur, elapsed*1000, cost)
+			require.Equal(t, want, r.Allowed, "counts %v case %d: limit %d window %d fixed %v prev %d cur %d elapsed %dµs cost %d", r.Counts, i, limit, win, fixed, prev, cur, elapsed, cost)
+		}
+	})
+}

@@ -1,0 +1,148 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/internal/storetest"
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// proxied returns a store whose client reaches the test server through a
+// proxy, with short timeouts and no client retries.
+func proxied(t *testing.T, o store.RedisOptions) (*store.Redis, *redistest.Proxy) {
+	t.Helper()
+	p := redistest.NewProxy(t, redistest.Addr(t))
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond,
+		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := store.NewRedis(c, o)
+	require.NoError(t, err)
+	return s, p
+}
+
+// A batch whose reply is lost is in doubt; sent again unchanged, it is
+// applied once whether or not the first sending was.
+func TestRedisLostReplyIsAppliedOnce(t *testing.T) {
+	s, p := proxied(t, store.RedisOptions{BreakerMin: -1})
+	direct := redistest.Client(t)
+	pfx := redistest.Prefix(t)
+	ctx := context.Background()
+	const w = 60_000
+	id := future / w
+
+	push(t, s, batch(s, pfx, "n0", "warm", 1, op(w, id, 1))) // the server has the script cached
+	p.DropReplies()                                          // the server runs the script; its answer never arrives
+	b := batch(s, pfx, "n1", "lost", 1, op(w, id, 5))
+	require.NoError(t, s.Push(ctx, []*store.Batch{b}))
+	assert.Equal(t, store.InDoubt, b.Status, "%v", b.Err)
+	key := store.CounterKey(pfx, store.Counter{Key: "lost", Window: w, ID: id})
+	v, err := direct.Get(ctx, key).Int64()
+	require.NoError(t, err)
+	assert.Equal(t, int64(5), v, "the server did apply it")
+
+	p.Up()
+	again := batch(s, pfx, "n1", "lost", 1, op(w, id, 5))
+	require.NoError(t, s.Push(ctx, []*store.Batch{again}))
+	require.Equal(t, store.Applied, again.Status, "%v", again.Err)
+	assert.Equal(t, []int64{5}, again.Totals, "sent again: not applied twice")
+
+	// A batch that never reached the server is applied by its second
+	// sending.
+	p.Down()
+	b2 := batch(s, pfx, "n1", "lost", 2, op(w, id, 3))
+	require.NoError(t, s.Push(ctx, []*store.Batch{b2}))
+	assert.NotEqual(t, store.Applied, b2.Status)
+	p.Up()
+	again2 := batch(s, pfx, "n1", "lost", 2, op(w, id, 3))
+	require.NoError(t, s.Push(ctx, []*store.Batch{again2}))
+	require.Equal(t, store.Applied, again2.Status, "%v", again2.Err)
+	assert.Equal(t, []int64{8}, again2.Totals)
+}
+
+// After a failure without an answer, calls to the server fail at once,
+// without being sent, until the backoff has passed; then one call probes.
+func TestRedisBreaker(t *testing.T) {
+	s, p := proxied(t, store.RedisOptions{BreakerMin: 300 * time.Millisecond, BreakerMax: time.Second})
+	pfx := redistest.Prefix(t)
+	ctx := context.Background()
+	const w = 60_000
+	id := future / w
+	p.Down()
+	b := batch(s, pfx, "n", "brk", 1, op(w, id, 1))
+	require.NoError(t, s.Push(ctx, []*store.Batch{b}))
+	require.NotEqual(t, store.Applied, b.Status)
+	calls := s.Calls()
+	start := time.Now()
+	r := newTake(pfx, "brk", future, 1, false, false, store.TakeRule{Limit: 10, Window: w})
+	require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
+	assert.Less(t, time.Since(start), 50*time.Millisecond, "failed at once")
+	assert.Equal(t, store.Failed, r.Status)
+	assert.ErrorIs(t, r.Err, store.ErrUnavailable)
+	assert.Equal(t, calls, s.Calls(), "nothing sent while the circuit is open")
+	p.Up()
+	time.Sleep(350 * time.Millisecond)
+	r = newTake(pfx, "brk", future, 1, false, false, store.TakeRule{Limit: 10, Window: w})
+	require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
+	assert.Equal(t, store.Applied, r.Status, "the probe closes the circuit: %v", r.Err)
+}
+
+// Redis-specific answers: a server without the script cached, a counter
+// holding something else, and the counters' expiry.
+func TestRedisScriptsAndExpiry(t *testing.T) {
+	c := redistest.Client(t)
+	s := storetest.Redis(t, c)
+	pfx := redistest.Prefix(t)
+	ctx := context.Background()
+	const w = 60_000
+	id := time.Now().UnixMilli() / w
+
+	require.NoError(t, c.ScriptFlush(ctx).Err())
+	b := batch(s, pfx, "n", "exp", 1, op(w, id, 2))
+	push(t, s, b)
+	key := store.CounterKey(pfx, store.Counter{Key: "exp", Window: w, ID: id})
+	ttl, err := c.PTTL(ctx, key).Result()
+	require.NoError(t, err)
+	want := time.UnixMilli(store.ExpireAt(w, id)).Sub(time.Now())
+	assert.InDelta(t, float64(want), float64(ttl), float64(2*time.Second), "a counter expires a minute after its window stops counting")
+
+	require.NoError(t, c.ScriptFlush(ctx).Err())
+	r := newTake(pfx, "exp", time.Now().UnixMilli(), 1, false, false, store.TakeRule{Limit: 10, Window: w})
+	take(t, s, r)
+	assert.True(t, r.Allowed)
+
+	bad := store.CounterKey(pfx, store.Counter{Key: "text", Window: w, ID: id})
+	require.NoError(t, c.Set(ctx, bad, "not a number", time.Minute).Err())
+	b = batch(s, pfx, "n", "text", 2, op(w, id, 1), op(w, id+1, 4))
+	b.Ops[1].Key = "text"
+	require.NoError(t, s.Push(ctx, []*store.Batch{b}))
+	assert.Equal(t, store.Applied, b.Status)
+	assert.ErrorContains(t, b.Err, "not an integer")
+	assert.Equal(t, int64(4), b.Totals[1], "the other counters of the batch are applied")
+}
+
+func TestNewRedisErrors(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	for _, tt := range []struct {
+		o    store.RedisOptions
+		want string
+	}{
+		{store.RedisOptions{Lanes: 65}, "Lanes is 65, want 1 to 64"},
+		{store.RedisOptions{Lanes: -1}, "Lanes is -1"},
+		{store.RedisOptions{BreakerMin: time.Second, BreakerMax: time.Millisecond}, "BreakerMin is 1s and BreakerMax 1ms"},
+	} {
+		_, err := store.NewRedis(c, tt.o)
+		assert.ErrorContains(t, err, tt.want)
+	}
+	_, err := store.NewRedis(nil, store.RedisOptions{})
+	assert.Error(t, err)
+	assert.False(t, errors.Is(err, store.ErrUnavailable))
+}
