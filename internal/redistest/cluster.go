@@ -217,7 +217,9 @@ func shardsOf(in []redis.ClusterShard) ([]ClusterShard, string) {
 			switch {
 			case n.Role == "master":
 				s.Master = addr
-			case n.Health == "online":
+			case n.Health != "fail":
+				// Redis 7.0 says "loading" for a replica at offset
+				// 0, as any replica is until its master gets a write.
 				s.Replicas = append(s.Replicas, addr)
 			}
 		}
