@@ -18,6 +18,8 @@
 # Run directly, it serves a developer:
 #   eval "$(scripts/redis-topology.sh start)"   # start, print the exports
 #   scripts/redis-topology.sh stop "$HYBRIDLIMIT_REDIS_DIR"
+# (the servers then belong to PID 1; where PID 1 does not reap orphans,
+# killed ones stay zombies until it does: test.sh runs under a subreaper).
 
 RT_MASTER_NAME=hlmaster
 RT_NODE_TIMEOUT=1000 # cluster-node-timeout and sentinel down-after-milliseconds

@@ -36,7 +36,10 @@
 // waits for the lock, new tests wait behind it, so a fault test waits at
 // most for the tests already running. Subtests share their parent's lock.
 // A test that asked for the lock shared cannot upgrade it to exclusive:
-// call Destructive before any other helper.
+// call Destructive before any other helper. Call t.Parallel before any
+// helper too: a test paused by t.Parallel while it holds the lock would
+// keep a fault test of its package waiting (until the lock's 4-minute
+// limit fails it).
 //
 // # Fault tests
 //
