@@ -73,8 +73,8 @@ func (s ClusterShard) Key(prefix string) string {
 // their slots, as most nodes that report cluster_state:ok see them (CLUSTER
 // SHARDS). Right after a failover, nodes may still disagree; WaitClusterOK
 // waits until they agree.
-func ClusterMasters(_ context.Context, c *redis.ClusterClient) ([]ClusterShard, error) {
-	views := clusterViews(c.Options().Addrs)
+func ClusterMasters(ctx context.Context, c *redis.ClusterClient) ([]ClusterShard, error) {
+	views := clusterViews(ctx, c.Options().Addrs)
 	count := map[string]int{}
 	var best *clusterView
 	for i, v := range views {
@@ -166,19 +166,19 @@ type clusterView struct {
 	known  int    // cluster_known_nodes
 }
 
-func clusterViews(addrs []string) []clusterView {
+func clusterViews(ctx context.Context, addrs []string) []clusterView {
 	views := make([]clusterView, len(addrs))
 	var wg sync.WaitGroup
 	for i, addr := range addrs {
-		wg.Go(func() { views[i] = viewOf(addr) })
+		wg.Go(func() { views[i] = viewOf(ctx, addr) })
 	}
 	wg.Wait()
 	return views
 }
 
-func viewOf(addr string) clusterView {
+func viewOf(ctx context.Context, addr string) clusterView {
 	v := clusterView{addr: addr}
-	v.err = withClient(addr, func(ctx context.Context, c *redis.Client) error {
+	v.err = withClient(ctx, addr, func(ctx context.Context, c *redis.Client) error {
 		info, err := c.ClusterInfo(ctx).Result()
 		if err != nil {
 			return err
@@ -245,7 +245,7 @@ func shardsOf(in []redis.ClusterShard) ([]ClusterShard, string) {
 // is not a master to replicate one with its link up, and every master to
 // have a replica: the whole topology, as the test command made it.
 func clusterHealth(addrs []string, strict bool) ([]ClusterShard, error) {
-	views := clusterViews(addrs)
+	views := clusterViews(context.Background(), addrs)
 	var ref *clusterView
 	reachable := map[string]*clusterView{}
 	for i := range views {

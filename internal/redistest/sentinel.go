@@ -99,7 +99,7 @@ func sentinelHealth(sentinels []string, name string) (string, error) {
 	master := ""
 	var replicas []string
 	for _, s := range sentinels {
-		err := withClient(s, func(ctx context.Context, c *redis.Client) error {
+		err := withClient(context.Background(), s, func(ctx context.Context, c *redis.Client) error {
 			sc := redis.NewSentinelClient(c.Options())
 			defer sc.Close()
 			a, err := sc.GetMasterAddrByName(ctx, name).Result()
@@ -154,7 +154,7 @@ func sentinelHealth(sentinels []string, name string) (string, error) {
 // checkRole checks, from INFO replication, that the server at addr has
 // role, and as a replica is synced with master.
 func checkRole(addr, role, master string) error {
-	return withClient(addr, func(ctx context.Context, c *redis.Client) error {
+	return withClient(context.Background(), addr, func(ctx context.Context, c *redis.Client) error {
 		info, err := c.Info(ctx, "replication").Result()
 		if err != nil {
 			return fmt.Errorf("%s: %v", addr, err)
@@ -200,7 +200,7 @@ func SentinelFailover(t testing.TB) Failover {
 	err = poll(20*time.Second, func() error {
 		f.New = ""
 		for _, s := range addrs {
-			err := withClient(s, func(ctx context.Context, c *redis.Client) error {
+			err := withClient(context.Background(), s, func(ctx context.Context, c *redis.Client) error {
 				a, err := c.Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", name).StringSlice()
 				if err != nil || len(a) != 2 {
 					return fmt.Errorf("sentinel %s: %v %v", s, a, err)

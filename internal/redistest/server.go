@@ -218,16 +218,17 @@ func (s *Server) LogTail(n int) string {
 
 // ping checks that the server at addr answers PING within 300 ms.
 func ping(addr string) error {
-	return withClient(addr, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() })
+	return withClient(context.Background(), addr, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() })
 }
 
 // withClient runs f with a one-off client of addr whose calls time out
-// after 300 ms, for probes of servers that may be dead or stopped.
-func withClient(addr string, f func(context.Context, *redis.Client) error) error {
+// after 300 ms, and a context that ends within a second, for probes of
+// servers that may be dead or stopped.
+func withClient(ctx context.Context, addr string, f func(context.Context, *redis.Client) error) error {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, PoolSize: 1,
 		DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond})
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	return f(ctx, c)
 }
