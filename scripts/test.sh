@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: gofmt, go vet, staticcheck and go test -race over
-# every module of the workspace, against a redis-server that this script
-# installs (from Debian's packages, when missing), starts on a free loopback
-# port without persistence, and stops at the end.
+# every module of the workspace, against Redis servers that this script
+# installs (from Debian's packages, when missing), starts on free loopback
+# ports without persistence (a standalone server, a Redis Cluster and a
+# Sentinel group: scripts/redis-topology.sh), and stops at the end, also
+# when a step fails or the run is interrupted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,25 +18,30 @@ if ! command -v redis-server >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
 fi
 
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-port=""
-for _ in $(seq 1 50); do
-  p=$((20000 + RANDOM % 20000))
-  if ! port_in_use "$p"; then port=$p; break; fi
-done
-[ -n "$port" ] || { echo "no free port found" >&2; exit 1; }
+# Run under a child subreaper (Linux), so that a server a test restarted
+# (daemonized, hence orphaned) and then killed is reaped even when PID 1 does
+# not reap orphans, as in many containers.
+if [ -z "${HYBRIDLIMIT_UNDER_SUBREAPER:-}" ] && [ "$(uname -s)" = Linux ]; then
+  reaper_dir=$(mktemp -d "${TMPDIR:-/tmp}/hybridlimit-subreaper.XXXXXX")
+  go build -o "$reaper_dir/subreaper" ./internal/redistest/subreaper
+  HYBRIDLIMIT_UNDER_SUBREAPER=$reaper_dir exec "$reaper_dir/subreaper" bash scripts/test.sh "$@"
+fi
+case "${HYBRIDLIMIT_UNDER_SUBREAPER:-}" in
+*/hybridlimit-subreaper.*) rm -rf "$HYBRIDLIMIT_UNDER_SUBREAPER" ;; # a running binary can go
+esac
+export HYBRIDLIMIT_UNDER_SUBREAPER=done
 
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-  --daemonize no --loglevel warning --logfile "" >/dev/null 2>&1 &
-redis_pid=$!
-trap 'kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  if port_in_use "$port"; then break; fi
-  sleep 0.1
-done
-port_in_use "$port" || { echo "redis-server did not start on port $port" >&2; exit 1; }
-export HYBRIDLIMIT_REDIS_ADDR="127.0.0.1:$port"
-echo "== redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') on $HYBRIDLIMIT_REDIS_ADDR"
+# shellcheck source=scripts/redis-topology.sh
+. scripts/redis-topology.sh
+trap 'rt_stop_all' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+echo "== redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'): standalone, cluster, sentinel"
+rt_start_all
+echo "   $rt_timing; servers in $HYBRIDLIMIT_REDIS_DIR"
+echo "   HYBRIDLIMIT_REDIS_ADDR=$HYBRIDLIMIT_REDIS_ADDR"
+echo "   HYBRIDLIMIT_CLUSTER_ADDRS=$HYBRIDLIMIT_CLUSTER_ADDRS"
+echo "   HYBRIDLIMIT_SENTINEL_ADDRS=$HYBRIDLIMIT_SENTINEL_ADDRS (master $HYBRIDLIMIT_SENTINEL_MASTER)"
 
 # Every module of the workspace (go.work), as package patterns.
 mods=$(go list -m -f '{{.Dir}}')
