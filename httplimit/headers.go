@@ -1,9 +1,12 @@
 package httplimit
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/hybridlimit/hybridlimit"
 )
 
 // Canonical header names, as net/http stores them, so that the middleware
@@ -70,22 +73,107 @@ func seconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// policyHeader builds the RateLimit-Policy value: one Item per rule, the
-// policy name with its quota "q" and window "w" in seconds. The draft
-// allows no sub-second window, so a window that is not a whole number of
-// seconds is rounded up, which understates the rate (q/w), never
-// overstates it.
-func policyHeader(names []string, limits []int64, windows []time.Duration) string {
+// Policy names a limiter's rules as the rate-limit draft's policies, one
+// per rule, and formats the draft's two fields: RateLimit-Policy, fixed for
+// a set of rules, and RateLimit, which describes one key's state. The
+// Middleware formats its headers with one; other transports use one to send
+// the same values (package grpclimit sends them as gRPC metadata). A Policy
+// is immutable and safe for concurrent use; the zero value is not usable.
+type Policy struct {
+	names []string
+	field string // the RateLimit-Policy value
+}
+
+// NewPolicy returns the Policy of rules (a Limiter's Rules), naming rule i
+// names[i]; nil names name each rule after its window (see PolicyName).
+// Names must be unique, non-empty printable ASCII; an error names the
+// offending index of names.
+func NewPolicy(rules []hybridlimit.Rule, names []string) (*Policy, error) {
+	if len(rules) == 0 {
+		return nil, errors.New("httplimit: NewPolicy: no rules")
+	}
+	return newPolicy(rules, names, "NewPolicy: names")
+}
+
+// newPolicy is NewPolicy, with field naming names in errors.
+func newPolicy(rules []hybridlimit.Rule, names []string, field string) (*Policy, error) {
+	if names != nil && len(names) != len(rules) {
+		return nil, fmt.Errorf("httplimit: %s has %d names, want one per rule: %d", field, len(names), len(rules))
+	}
+	p := &Policy{names: make([]string, len(rules))}
+	for i, r := range rules {
+		name := PolicyName(r.Window)
+		if names != nil {
+			name = names[i]
+		}
+		if name == "" {
+			return nil, fmt.Errorf("httplimit: %s[%d] is empty", field, i)
+		}
+		if err := checkSFString(name); err != nil {
+			return nil, fmt.Errorf("httplimit: %s[%d] is %q: %v; want printable ASCII", field, i, name, err)
+		}
+		for j, prev := range p.names[:i] {
+			if prev == name {
+				return nil, fmt.Errorf("httplimit: %s: policy name %q of rule %d repeats rule %d's", field, name, i, j)
+			}
+		}
+		p.names[i] = name
+	}
+	// One Item per rule: the policy name with its quota "q" and window "w"
+	// in seconds. The draft allows no sub-second window, so a window that
+	// is not a whole number of seconds is rounded up, which understates the
+	// rate (q/w), never overstates it.
 	var b []byte
-	for i := range names {
+	for i, r := range rules {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = appendSFString(b, names[i])
+		b = appendSFString(b, p.names[i])
 		b = append(b, ";q="...)
-		b = strconv.AppendInt(b, limits[i], 10)
+		b = strconv.AppendInt(b, r.Limit, 10)
 		b = append(b, ";w="...)
-		b = strconv.AppendInt(b, max(seconds(windows[i]), 1), 10)
+		b = strconv.AppendInt(b, max(seconds(r.Window), 1), 10)
 	}
-	return string(b)
+	p.field = string(b)
+	return p, nil
+}
+
+// Names returns the policy name of every rule, in the rules' order.
+func (p *Policy) Names() []string { return append([]string(nil), p.names...) }
+
+// Field returns the value of the RateLimit-Policy field: one Item per rule,
+// its name with its quota "q" and its window "w" in seconds (rounded up,
+// at least 1), such as `"1s";q=10;w=1, "1m";q=300;w=60`.
+func (p *Policy) Field() string { return p.field }
+
+// AppendRateLimit appends the value of the RateLimit field for states (one
+// key's state, as Limiter.State reports it, or any subset of its rules) to
+// b and returns the extended buffer: one Item per state, named after its
+// rule, with the remaining quota "r" (at least 0) and the seconds until the
+// rule resets "t", rounded up, such as `"1s";r=9;t=1`. A positive maxT caps
+// every t: on a denial, pass the Retry-After delay in seconds, so that
+// Retry-After never points before the end of an effective window (the
+// draft's SHOULD) and no client is told to wait longer than needed. States
+// of rules the Policy does not have are skipped.
+func (p *Policy) AppendRateLimit(b []byte, states []hybridlimit.RuleState, maxT int64) []byte {
+	first := true
+	for _, s := range states {
+		if s.Rule < 0 || s.Rule >= len(p.names) {
+			continue
+		}
+		if !first {
+			b = append(b, ", "...)
+		}
+		first = false
+		t := seconds(s.ResetAfter)
+		if maxT > 0 {
+			t = min(t, maxT)
+		}
+		b = appendSFString(b, p.names[s.Rule])
+		b = append(b, ";r="...)
+		b = strconv.AppendInt(b, max(s.Remaining, 0), 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, t, 10)
+	}
+	return b
 }

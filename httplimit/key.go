@@ -100,8 +100,8 @@ type ipKeyer struct {
 	v6bits  int
 }
 
-func (k *ipKeyer) isTrusted(a netip.Addr) bool {
-	for _, p := range k.trusted {
+func isTrusted(trusted []netip.Prefix, a netip.Addr) bool {
+	for _, p := range trusted {
 		if p.Contains(a) {
 			return true
 		}
@@ -121,8 +121,8 @@ func (k *ipKeyer) key(r *http.Request) (string, error) {
 	dotted := peer.Is4() // ParseAddr accepts only canonical dotted quads
 	peer = peer.Unmap().WithZone("")
 	client := peer
-	if len(k.trusted) > 0 && k.isTrusted(peer) {
-		client = k.forwarded(r.Header[k.header], peer)
+	if len(k.trusted) > 0 && isTrusted(k.trusted, peer) {
+		client = forwarded(r.Header[k.header], peer, k.trusted)
 	}
 	if client == peer && dotted {
 		return host, nil // already canonical: no allocation
@@ -130,10 +130,27 @@ func (k *ipKeyer) key(r *http.Request) (string, error) {
 	return k.format(client), nil
 }
 
+// ForwardedClient returns the client of a request that came from the
+// address peer carrying the forwarded header lines (each a comma-separated
+// list of addresses, with or without ports, as in X-Forwarded-For), by
+// ClientIP's rule: peer itself unless it is in trusted; otherwise the
+// rightmost address that is not itself in trusted, walking the entries from
+// the right past trusted proxies. An unparsable entry stops the walk at the
+// last trusted address. The result is unmapped (an IPv4-mapped IPv6 address
+// becomes IPv4) and has no zone. Other transports use it to key on the same
+// client as ClientIP: package grpclimit reads the lines from gRPC metadata.
+func ForwardedClient(peer netip.Addr, lines []string, trusted []netip.Prefix) netip.Addr {
+	peer = peer.Unmap().WithZone("")
+	if !isTrusted(trusted, peer) {
+		return peer
+	}
+	return forwarded(lines, peer, trusted)
+}
+
 // forwarded walks the forwarded header from the right, past trusted
 // proxies, and returns the first address that is not one: the client. An
 // unparsable entry stops the walk at the last trusted address.
-func (k *ipKeyer) forwarded(lines []string, peer netip.Addr) netip.Addr {
+func forwarded(lines []string, peer netip.Addr, trusted []netip.Prefix) netip.Addr {
 	client := peer
 	for i := len(lines) - 1; i >= 0; i-- {
 		s := lines[i]
@@ -153,7 +170,7 @@ func (k *ipKeyer) forwarded(lines []string, peer netip.Addr) netip.Addr {
 				return client
 			}
 			client = a
-			if !k.isTrusted(a) {
+			if !isTrusted(trusted, a) {
 				return client
 			}
 		}

@@ -99,9 +99,8 @@ type Middleware struct {
 	key      KeyFunc
 	opts     Options
 	status   int
-	names    []string
-	policy   string // the RateLimit-Policy value, fixed
-	multi    bool   // several rules: the RateLimit field needs State
+	policy   *Policy
+	multi    bool // several rules: the RateLimit field needs State
 	minLimit int64
 }
 
@@ -124,34 +123,16 @@ func New(l *hybridlimit.Limiter, key KeyFunc, opts Options) (*Middleware, error)
 		return nil, fmt.Errorf("httplimit: Options.RetryJitter is %v, want zero or positive", opts.RetryJitter)
 	}
 	rules := l.Rules()
-	if opts.PolicyNames != nil && len(opts.PolicyNames) != len(rules) {
-		return nil, fmt.Errorf("httplimit: Options.PolicyNames has %d names, want one per rule: %d", len(opts.PolicyNames), len(rules))
+	p, err := newPolicy(rules, opts.PolicyNames, "Options.PolicyNames")
+	if err != nil {
+		return nil, err
 	}
-	limits := make([]int64, len(rules))
-	windows := make([]time.Duration, len(rules))
+	m.policy = p
+	m.opts.PolicyNames = p.names
 	m.minLimit = rules[0].Limit
-	for i, r := range rules {
-		name := PolicyName(r.Window)
-		if opts.PolicyNames != nil {
-			name = opts.PolicyNames[i]
-		}
-		if name == "" {
-			return nil, fmt.Errorf("httplimit: Options.PolicyNames[%d] is empty", i)
-		}
-		if err := checkSFString(name); err != nil {
-			return nil, fmt.Errorf("httplimit: Options.PolicyNames[%d] is %q: %v; want printable ASCII", i, name, err)
-		}
-		for j, prev := range m.names {
-			if prev == name {
-				return nil, fmt.Errorf("httplimit: policy name %q of rule %d repeats rule %d's; set Options.PolicyNames", name, i, j)
-			}
-		}
-		m.names = append(m.names, name)
-		limits[i], windows[i] = r.Limit, r.Window
+	for _, r := range rules {
 		m.minLimit = min(m.minLimit, r.Limit)
 	}
-	m.opts.PolicyNames = m.names
-	m.policy = policyHeader(m.names, limits, windows)
 	m.multi = len(rules) > 1
 	return m, nil
 }
@@ -166,7 +147,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 
 // PolicyNames returns the policy name of every rule, in the limiter's
 // order, as the draft headers report them.
-func (m *Middleware) PolicyNames() []string { return append([]string(nil), m.names...) }
+func (m *Middleware) PolicyNames() []string { return m.policy.Names() }
 
 // KeyError is the error passed to Options.ErrorHandler when the key
 // function fails.
@@ -226,36 +207,29 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 		}
 	}
 	// t, the draft's effective window, is the time until the rule resets;
-	// on a denial it is capped at the retry delay, so that Retry-After
-	// never points before the end of the effective window (the draft's
-	// SHOULD) and no client is told to wait longer than needed.
-	reset := func(d time.Duration) int64 {
-		t := seconds(d)
-		if retry > 0 {
-			t = min(t, retry)
-		}
-		return t
+	// on a denial it is capped at the retry delay (see
+	// Policy.AppendRateLimit).
+	reset := seconds(res.ResetAfter)
+	if retry > 0 {
+		reset = min(reset, retry)
 	}
 	var buf [256]byte
 	var ends [5]int
 	b := buf[:0]
 	k := 0
 	if draft {
+		var st [hybridlimit.MaxRules]hybridlimit.RuleState
+		states := st[:0]
 		if m.multi {
-			var st [hybridlimit.MaxRules]hybridlimit.RuleState
-			states, err := m.l.State(ctx, key, st[:0])
-			if err != nil || len(states) != len(m.names) {
+			var err error
+			states, err = m.l.State(ctx, key, states)
+			if err != nil {
 				states = states[:0]
 			}
-			for i, s := range states {
-				if i > 0 {
-					b = append(b, ", "...)
-				}
-				b = m.appendItem(b, i, s.Remaining, reset(s.ResetAfter))
-			}
 		} else {
-			b = m.appendItem(b, 0, res.Remaining, reset(res.ResetAfter))
+			states = append(states, hybridlimit.RuleState{Rule: 0, Remaining: res.Remaining, ResetAfter: res.ResetAfter})
 		}
+		b = m.policy.AppendRateLimit(b, states, retry)
 		ends[k] = len(b)
 		k++
 	}
@@ -264,7 +238,7 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 		ends[k] = len(b)
 		b = strconv.AppendInt(b, res.Remaining, 10)
 		ends[k+1] = len(b)
-		b = strconv.AppendInt(b, reset(res.ResetAfter), 10)
+		b = strconv.AppendInt(b, reset, 10)
 		ends[k+2] = len(b)
 		k += 3
 	}
@@ -288,7 +262,7 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 		e++
 	}
 	if draft {
-		vals[v] = m.policy
+		vals[v] = m.policy.field
 		h[headerPolicy] = vals[v : v+1 : v+1]
 		v++
 		next(headerRateLimit)
@@ -301,15 +275,6 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 	if sendRetry {
 		next(headerRetryAfter)
 	}
-}
-
-// appendItem appends rule i's Item of the RateLimit field.
-func (m *Middleware) appendItem(b []byte, i int, remaining, t int64) []byte {
-	b = appendSFString(b, m.names[i])
-	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, max(remaining, 0), 10)
-	b = append(b, ";t="...)
-	return strconv.AppendInt(b, t, 10)
 }
 
 type resultKey struct{}
@@ -334,11 +299,11 @@ func (m *Middleware) deny(w http.ResponseWriter, r *http.Request, key string, re
 		states, _ := m.l.State(r.Context(), key, st[:0])
 		for i, s := range states {
 			if s.Remaining < n || i == res.Rule {
-				violated = append(violated, m.names[i])
+				violated = append(violated, m.policy.names[i])
 			}
 		}
 	} else {
-		violated = append(violated, m.names[0])
+		violated = append(violated, m.policy.names[0])
 	}
 	b := make([]byte, 0, 256)
 	b = append(b, `{"type":`...)

@@ -1,0 +1,193 @@
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/httplimit"
+)
+
+// The metadata keys, lower-case as gRPC requires.
+const (
+	mdPolicy     = "ratelimit-policy"
+	mdRateLimit  = "ratelimit"
+	mdLimit      = "ratelimit-limit"
+	mdRemaining  = "ratelimit-remaining"
+	mdReset      = "ratelimit-reset"
+	mdRetryAfter = "retry-after"
+)
+
+// denial holds the delays reported for a denied decision.
+type denial struct {
+	delay      time.Duration // RetryInfo: the wait rounded up to the millisecond, at least 1ms
+	retryAfter int64         // retry-after: the wait in seconds, rounded up, at least 1
+	maxT       int64         // the cap of every t: RetryAfter in seconds, without jitter
+}
+
+// denial returns the delays of a denied res.
+func (i *Interceptor) denial(res *hybridlimit.Result) denial {
+	wait := res.RetryAfter
+	if i.opts.RetryJitter > 0 {
+		wait += time.Duration(rand.Int64N(int64(i.opts.RetryJitter) + 1))
+	}
+	return denial{
+		delay:      max((wait + time.Millisecond - 1).Truncate(time.Millisecond), time.Millisecond),
+		retryAfter: max(seconds(wait), 1),
+		maxT:       max(seconds(res.RetryAfter), 1),
+	}
+}
+
+// seconds rounds d up to whole seconds, never below zero, as httplimit
+// does for Retry-After and RateLimit-Reset.
+func seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// states appends the state of every rule for key to dst: from the limiter
+// with several rules, from res with one.
+func (i *Interceptor) states(ctx context.Context, key string, res *hybridlimit.Result, dst []hybridlimit.RuleState) []hybridlimit.RuleState {
+	if !i.multi {
+		return append(dst, hybridlimit.RuleState{Rule: 0, Limit: res.Limit, Window: res.Window, Remaining: res.Remaining, ResetAfter: res.ResetAfter})
+	}
+	states, err := i.l.State(ctx, key, dst)
+	if err != nil {
+		return dst
+	}
+	return states
+}
+
+// metadata returns the rate-limit metadata of a decision, with retry-after
+// when sendRetry; nil when every field is hidden. The values share one
+// string and one []string.
+func (i *Interceptor) metadata(ctx context.Context, key string, res *hybridlimit.Result, d *denial, sendRetry bool) metadata.MD {
+	draft, legacy := !i.opts.HideDraftMetadata, !i.opts.HideLegacyMetadata
+	if !draft && !legacy && !sendRetry {
+		return nil
+	}
+	var buf [256]byte
+	var ends [5]int
+	var keys [5]string
+	b := buf[:0]
+	k := 0
+	add := func(name string) {
+		keys[k], ends[k] = name, len(b)
+		k++
+	}
+	if draft {
+		var st [hybridlimit.MaxRules]hybridlimit.RuleState
+		b = i.policy.AppendRateLimit(b, i.states(ctx, key, res, st[:0]), d.maxT)
+		add(mdRateLimit)
+	}
+	if legacy {
+		reset := seconds(res.ResetAfter)
+		if d.maxT > 0 {
+			reset = min(reset, d.maxT)
+		}
+		b = strconv.AppendInt(b, res.Limit, 10)
+		add(mdLimit)
+		b = strconv.AppendInt(b, max(res.Remaining, 0), 10)
+		add(mdRemaining)
+		b = strconv.AppendInt(b, reset, 10)
+		add(mdReset)
+	}
+	if sendRetry {
+		b = strconv.AppendInt(b, d.retryAfter, 10)
+		add(mdRetryAfter)
+	}
+	s := string(b)
+	vals := make([]string, k+1)
+	md := make(metadata.MD, k+1)
+	from := 0
+	for j := range k {
+		vals[j] = s[from:ends[j]]
+		md[keys[j]] = vals[j : j+1 : j+1]
+		from = ends[j]
+	}
+	if draft {
+		vals[k] = i.policy.Field()
+		md[mdPolicy] = vals[k : k+1 : k+1]
+	}
+	return md
+}
+
+// status returns the status error of a denied request of cost n for key.
+func (i *Interceptor) status(ctx context.Context, key string, n int64, res *hybridlimit.Result, d *denial) error {
+	var msg string
+	if res.Degraded {
+		msg = fmt.Sprintf("grpclimit: rate limiter degraded (store failing or key table full) and failing closed; retry after %v", d.delay)
+	} else {
+		msg = fmt.Sprintf("grpclimit: rate limit exceeded: %d per %s (policy %q); retry after %v",
+			res.Limit, httplimit.PolicyName(res.Window), i.name(res.Rule), d.delay)
+	}
+	st := status.New(codes.ResourceExhausted, msg)
+	details := []protoadapt.MessageV1{&errdetails.RetryInfo{RetryDelay: durationpb.New(d.delay)}}
+	if i.opts.QuotaFailure && !res.Degraded {
+		details = append(details, i.quotaFailure(ctx, key, n, res))
+	}
+	if withDetails, err := st.WithDetails(details...); err == nil {
+		st = withDetails
+	}
+	return st.Err()
+}
+
+// name returns the policy name of rule r.
+func (i *Interceptor) name(r int) string {
+	if r < 0 || r >= len(i.names) {
+		return "?"
+	}
+	return i.names[r]
+}
+
+// quotaFailure describes every rule that cannot admit a request of cost n
+// for key now, as httplimit's violated-policies.
+func (i *Interceptor) quotaFailure(ctx context.Context, key string, n int64, res *hybridlimit.Result) *errdetails.QuotaFailure {
+	rules := i.rules
+	var st [hybridlimit.MaxRules]hybridlimit.RuleState
+	qf := &errdetails.QuotaFailure{}
+	for _, s := range i.states(ctx, key, res, st[:0]) {
+		if s.Rule < 0 || s.Rule >= len(rules) || (s.Remaining >= n && s.Rule != res.Rule) {
+			continue
+		}
+		r := rules[s.Rule]
+		qf.Violations = append(qf.Violations, &errdetails.QuotaFailure_Violation{
+			Subject:     i.names[s.Rule],
+			QuotaId:     i.names[s.Rule],
+			QuotaValue:  r.Limit,
+			Description: fmt.Sprintf("%d per %s (%s window)", r.Limit, httplimit.PolicyName(r.Window), r.Type),
+		})
+	}
+	return qf
+}
+
+// DefaultErrorHandler is the ErrorHandler used when Options.ErrorHandler is
+// nil. It fails the call with codes.Unavailable for a closed limiter,
+// codes.Canceled or codes.DeadlineExceeded for a done call context, and
+// codes.InvalidArgument otherwise (a key error, an empty or oversized key,
+// a cost out of range), with err's text as the message.
+func DefaultErrorHandler(ctx context.Context, method string, err error) error {
+	code := codes.InvalidArgument
+	switch {
+	case errors.Is(err, hybridlimit.ErrClosed):
+		code = codes.Unavailable
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	}
+	return status.Error(code, err.Error())
+}

@@ -1,0 +1,149 @@
+package grpclimit_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/grpclimit"
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// TestNewErrors checks that New rejects every invalid argument with an
+// error naming the field and what it accepts.
+func TestNewErrors(t *testing.T) {
+	l, _ := newLimiter(t, hybridlimit.Rule{Limit: 10, Window: time.Minute}, hybridlimit.Rule{Limit: 100, Window: time.Hour})
+	key := peerIP(t)
+	for _, c := range []struct {
+		l    *hybridlimit.Limiter
+		key  grpclimit.KeyFunc
+		opts grpclimit.Options
+		want string
+	}{
+		{nil, key, grpclimit.Options{}, "grpclimit: New: limiter is nil"},
+		{l, nil, grpclimit.Options{}, "grpclimit: New: key function is nil"},
+		{l, key, grpclimit.Options{RetryJitter: -1}, "grpclimit: Options.RetryJitter is -1ns, want 0 to 1h0m0s"},
+		{l, key, grpclimit.Options{RetryJitter: 2 * time.Hour}, "grpclimit: Options.RetryJitter is 2h0m0s, want 0 to 1h0m0s"},
+		{l, key, grpclimit.Options{PolicyNames: []string{"a"}}, "grpclimit: Options.PolicyNames has 1 names, want one per rule: 2"},
+		{l, key, grpclimit.Options{PolicyNames: []string{"a", ""}}, "grpclimit: Options.PolicyNames[1] is empty"},
+		{l, key, grpclimit.Options{PolicyNames: []string{"a", "é"}}, `grpclimit: Options.PolicyNames[1] is "é": byte 0xc3 at 0 is not printable ASCII; want printable ASCII`},
+		{l, key, grpclimit.Options{PolicyNames: []string{"a", "a"}}, `grpclimit: Options.PolicyNames: policy name "a" of rule 1 repeats rule 0's`},
+	} {
+		i, err := grpclimit.New(c.l, c.key, c.opts)
+		assert.EqualError(t, err, c.want)
+		assert.Nil(t, i)
+	}
+}
+
+// TestLimiterErrors checks the default ErrorHandler over a real server:
+// an empty key and a missing key are InvalidArgument, a closed limiter is
+// Unavailable; and a custom ErrorHandler that maps key errors to
+// Unauthenticated and lets other calls through undecided.
+func TestLimiterErrors(t *testing.T) {
+	l, _ := newLimiter(t, hybridlimit.Rule{Limit: 10, Window: time.Minute})
+	empty := func(context.Context, string) (string, error) { return "", nil }
+	errs := make(chan error, 1)
+	cc, e := serve(t, newInterceptor(t, l, empty, grpclimit.Options{ErrorHandler: func(ctx context.Context, method string, err error) error {
+		errs <- err
+		return grpclimit.DefaultErrorHandler(ctx, method, err)
+	}}))
+	r := say(t, cc)
+	seen := <-errs
+	assert.Equal(t, codes.InvalidArgument, status.Code(r.err))
+	assert.Equal(t, "grpclimit: rate-limit key: hybridlimit: empty key", status.Convert(r.err).Message())
+	var ke *grpclimit.KeyError
+	assert.ErrorAs(t, seen, &ke)
+	assert.ErrorIs(t, seen, hybridlimit.ErrEmptyKey)
+	assert.Zero(t, e.calls.Load())
+
+	long := func(context.Context, string) (string, error) { return string(make([]byte, 2000)), nil }
+	cc, _ = serve(t, newInterceptor(t, l, long, grpclimit.Options{}))
+	r = say(t, cc)
+	assert.Equal(t, codes.InvalidArgument, status.Code(r.err))
+	assert.Equal(t, "hybridlimit: key of 2000 bytes exceeds Config.MaxKeyLen 1024", status.Convert(r.err).Message())
+
+	cc, e = serve(t, newInterceptor(t, l, grpclimit.Metadata("x-api-key"), grpclimit.Options{
+		ErrorHandler: func(ctx context.Context, method string, err error) error {
+			if errors.Is(err, grpclimit.ErrNoKey) {
+				return status.Error(codes.Unauthenticated, "x-api-key is required")
+			}
+			return nil // closed limiter: let the call through, undecided
+		},
+	}))
+	r = say(t, cc)
+	assert.Equal(t, codes.Unauthenticated, status.Code(r.err))
+	require.NoError(t, l.Close(context.Background()))
+	r = say(t, cc, "x-api-key", "k")
+	require.NoError(t, r.err, "ErrorHandler returned nil")
+	assert.Empty(t, fields(r.header), "undecided: no metadata")
+	assert.Equal(t, int64(1), e.calls.Load())
+
+	cc, _ = serve(t, newInterceptor(t, l, peerIP(t), grpclimit.Options{}))
+	r = say(t, cc)
+	assert.Equal(t, codes.Unavailable, status.Code(r.err))
+	assert.Equal(t, "hybridlimit: limiter is closed", status.Convert(r.err).Message())
+}
+
+// TestDefaultErrorHandler checks the codes of DefaultErrorHandler.
+func TestDefaultErrorHandler(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want codes.Code
+	}{
+		{hybridlimit.ErrClosed, codes.Unavailable},
+		{context.Canceled, codes.Canceled},
+		{context.DeadlineExceeded, codes.DeadlineExceeded},
+		{&grpclimit.KeyError{Err: grpclimit.ErrNoKey}, codes.InvalidArgument},
+		{hybridlimit.ErrCost, codes.InvalidArgument},
+	} {
+		assert.Equal(t, c.want, status.Code(grpclimit.DefaultErrorHandler(context.Background(), "/m", c.err)), "%v", c.err)
+	}
+}
+
+// downStore is a store that always fails.
+type downStore struct{}
+
+var errDown = errors.New("store down")
+
+func (downStore) Apply(context.Context, []store.Op) error          { return errDown }
+func (downStore) Take(context.Context, []*store.TakeRequest) error { return errDown }
+func (downStore) Time(context.Context) (time.Time, error)          { return time.Time{}, errDown }
+
+// TestStoreFailure checks that a failing store never becomes an error:
+// in ModeSynchronous, FailOpen admits (Result.Degraded) and FailClosed
+// denies with ResourceExhausted, a message saying why, and RetryInfo.
+func TestStoreFailure(t *testing.T) {
+	for _, policy := range []hybridlimit.FailurePolicy{hybridlimit.FailOpen, hybridlimit.FailClosed} {
+		l, err := hybridlimit.New(hybridlimit.Config{
+			Rules:         []hybridlimit.Rule{{Limit: 10, Window: time.Minute}},
+			Mode:          hybridlimit.ModeSynchronous,
+			Store:         downStore{},
+			FailurePolicy: policy,
+			Manual:        true,
+		})
+		require.NoError(t, err)
+		degraded := make(chan bool, 1)
+		key := peerIP(t)
+		cc, _ := serve(t, newInterceptor(t, l, key, grpclimit.Options{
+			OnDenied: func(_ context.Context, _, _ string, res hybridlimit.Result) { degraded <- res.Degraded },
+		}))
+		r := say(t, cc)
+		if policy == hybridlimit.FailOpen {
+			require.NoError(t, r.err)
+			assert.Equal(t, "9", fields(r.header)["ratelimit-remaining"])
+		} else {
+			assert.Equal(t, codes.ResourceExhausted, status.Code(r.err))
+			assert.Contains(t, status.Convert(r.err).Message(), "grpclimit: rate limiter degraded (store failing or key table full) and failing closed; retry after")
+			assert.NotNil(t, r.retry)
+			assert.True(t, <-degraded)
+		}
+		_ = l.Close(context.Background())
+	}
+}

@@ -1,0 +1,192 @@
+package grpclimit_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/grpclimit"
+)
+
+// recorder wraps kf to report the key of every call on a channel.
+func recorder(kf grpclimit.KeyFunc) (grpclimit.KeyFunc, <-chan string) {
+	keys := make(chan string, 16)
+	return func(ctx context.Context, method string) (string, error) {
+		k, err := kf(ctx, method)
+		if err != nil {
+			keys <- "error: " + err.Error()
+		} else {
+			keys <- k
+		}
+		return k, err
+	}, keys
+}
+
+func mustKey(t *testing.T) func(grpclimit.KeyFunc, error) grpclimit.KeyFunc {
+	return func(k grpclimit.KeyFunc, err error) grpclimit.KeyFunc {
+		t.Helper()
+		require.NoError(t, err)
+		return k
+	}
+}
+
+// TestKeyFuncs runs every key function behind a real server and checks the
+// key it computes from the connection and the call's metadata.
+func TestKeyFuncs(t *testing.T) {
+	must := mustKey(t)
+	trusted := []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("10.0.0.0/8")}
+	anonymous := func(context.Context, string) (string, error) { return "anonymous", nil }
+	cases := []struct {
+		name string
+		key  grpclimit.KeyFunc
+		md   []string // metadata pairs sent with Say
+		want string   // the key, or "error: ..." for a failed call
+	}{
+		{"peer", must(grpclimit.PeerIP(grpclimit.IPOptions{})), []string{"x-forwarded-for", "203.0.113.9"}, "127.0.0.1"},
+		{"peer, forwarded by an untrusted proxy: ignored",
+			must(grpclimit.PeerIP(grpclimit.IPOptions{TrustedProxies: trusted[1:]})), []string{"x-forwarded-for", "203.0.113.9"}, "127.0.0.1"},
+		{"peer, forwarded by trusted proxies: the rightmost untrusted entry",
+			must(grpclimit.PeerIP(grpclimit.IPOptions{TrustedProxies: trusted})),
+			[]string{"x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.0.0.1"}, "203.0.113.9"},
+		{"peer, trusted, no forwarded metadata", must(grpclimit.PeerIP(grpclimit.IPOptions{TrustedProxies: trusted})), nil, "127.0.0.1"},
+		{"peer, trusted, x-real-ip", must(grpclimit.PeerIP(grpclimit.IPOptions{TrustedProxies: trusted, Metadata: "X-Real-IP"})),
+			[]string{"x-forwarded-for", "6.6.6.6", "x-real-ip", "198.51.100.4"}, "198.51.100.4"},
+		{"metadata", grpclimit.Metadata("X-API-Key"), []string{"x-api-key", "k1"}, "k1"},
+		{"metadata, first value", grpclimit.Metadata("x-api-key"), []string{"x-api-key", "k1", "x-api-key", "k2"}, "k1"},
+		{"metadata missing", grpclimit.Metadata("x-api-key"), nil, `error: grpclimit: call has no rate-limit key: metadata "x-api-key" is missing`},
+		{"metadata empty", grpclimit.Metadata("x-api-key"), []string{"x-api-key", ""}, `error: grpclimit: call has no rate-limit key: metadata "x-api-key" is missing`},
+		{"or: first", grpclimit.Or(grpclimit.Metadata("x-api-key"), peerIP(t)), []string{"x-api-key", "k1"}, "0:k1"},
+		{"or: fallback to the peer", grpclimit.Or(grpclimit.Metadata("x-api-key"), peerIP(t)), nil, "1:127.0.0.1"},
+		{"or: fallback to a fixed key", grpclimit.Or(grpclimit.Metadata("x-api-key"), anonymous), nil, "1:anonymous"},
+		{"full method", grpclimit.FullMethod(), nil, methodSay},
+		{"combine", grpclimit.Combine(grpclimit.FullMethod(), peerIP(t)), nil, "17:" + methodSay + "9:127.0.0.1"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l, _ := newLimiter(t, hybridlimit.Rule{Limit: 10, Window: time.Minute})
+			key, keys := recorder(c.key)
+			cc, e := serve(t, newInterceptor(t, l, key, grpclimit.Options{}))
+			r := say(t, cc, c.md...)
+			assert.Equal(t, c.want, <-keys)
+			if len(c.want) > 6 && c.want[:6] == "error:" {
+				assert.Equal(t, codes.InvalidArgument, status.Code(r.err))
+				assert.Equal(t, "grpclimit: rate-limit key: "+c.want[7:], status.Convert(r.err).Message())
+				assert.Zero(t, e.calls.Load(), "the handler does not run")
+				return
+			}
+			require.NoError(t, r.err)
+			assert.Equal(t, "9", fields(r.header)["ratelimit-remaining"])
+		})
+	}
+}
+
+// TestKeysSeparateQuotas checks that two API keys, and two methods keyed
+// by method and peer, draw on separate quotas.
+func TestKeysSeparateQuotas(t *testing.T) {
+	l, _ := newLimiter(t, hybridlimit.Rule{Limit: 1, Window: time.Minute})
+	cc, _ := serve(t, newInterceptor(t, l, grpclimit.Metadata("x-api-key"), grpclimit.Options{}))
+	assert.NoError(t, say(t, cc, "x-api-key", "k1").err)
+	assert.NoError(t, say(t, cc, "x-api-key", "k2").err)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(say(t, cc, "x-api-key", "k1").err))
+
+	l, _ = newLimiter(t, hybridlimit.Rule{Limit: 1, Window: time.Minute})
+	cc, _ = serve(t, newInterceptor(t, l, grpclimit.Combine(grpclimit.FullMethod(), peerIP(t)), grpclimit.Options{}))
+	assert.NoError(t, say(t, cc).err)
+	hc := healthpb.NewHealthClient(cc)
+	_, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{})
+	assert.NoError(t, err, "another method, another quota")
+	assert.Equal(t, codes.ResourceExhausted, status.Code(say(t, cc).err))
+}
+
+// TestKeyFuncsDirect covers what a loopback connection cannot show: IPv6
+// peers and /64 keys, mapped addresses, non-IP peers, and the combinators'
+// handling of empty keys and errors.
+func TestKeyFuncsDirect(t *testing.T) {
+	must := mustKey(t)
+	withPeer := func(a net.Addr) context.Context {
+		return peer.NewContext(context.Background(), &peer.Peer{Addr: a})
+	}
+	tcp := func(s string) net.Addr { return net.TCPAddrFromAddrPort(netip.MustParseAddrPort(s)) }
+	cases := []struct {
+		name string
+		key  grpclimit.KeyFunc
+		ctx  context.Context
+		want string // the key, or "error: " and the error's text
+	}{
+		{"v6", peerIP(t), withPeer(tcp("[2001:db8::1]:5")), "2001:db8::1"},
+		{"v6 zone", peerIP(t), withPeer(&net.TCPAddr{IP: net.ParseIP("fe80::1"), Zone: "eth0"}), "fe80::1"},
+		{"mapped", peerIP(t), withPeer(tcp("[::ffff:192.0.2.1]:5")), "192.0.2.1"},
+		{"v6 /64", must(grpclimit.PeerIP(grpclimit.IPOptions{IPv6Bits: 64})), withPeer(tcp("[2001:db8:1:2:3:4:5:6]:5")), "2001:db8:1:2::/64"},
+		{"v6 bits leave v4 alone", must(grpclimit.PeerIP(grpclimit.IPOptions{IPv6Bits: 64})), withPeer(tcp("192.0.2.1:5")), "192.0.2.1"},
+		{"other addr type", peerIP(t), withPeer(&net.UDPAddr{IP: net.ParseIP("192.0.2.7"), Port: 9}), "192.0.2.7"},
+		{"unix socket", peerIP(t), withPeer(&net.UnixAddr{Name: "/run/app.sock", Net: "unix"}),
+			`error: grpclimit: call has no rate-limit key: peer address "/run/app.sock" is not an IP address`},
+		{"no peer", peerIP(t), context.Background(), "error: grpclimit: call has no rate-limit key: the call has no peer"},
+		{"trusted v6 proxy", must(grpclimit.PeerIP(grpclimit.IPOptions{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}})),
+			metadata.NewIncomingContext(withPeer(tcp("[2001:db8::1]:5")), metadata.Pairs("x-forwarded-for", "[2001:db9::7]:443")), "2001:db9::7"},
+		{"combine: empty part", grpclimit.Combine(grpclimit.FullMethod(), func(context.Context, string) (string, error) { return "", nil }),
+			context.Background(), "error: grpclimit: call has no rate-limit key: part 1 of a combined key is empty"},
+		{"combine: nothing", grpclimit.Combine(), context.Background(), "error: grpclimit: call has no rate-limit key: Combine of no key functions"},
+		{"or: a hard error stops", grpclimit.Or(func(context.Context, string) (string, error) { return "", errors.New("forbidden") }, grpclimit.FullMethod()),
+			context.Background(), "error: forbidden"},
+		{"or: an empty key moves on", grpclimit.Or(func(context.Context, string) (string, error) { return "", nil }, grpclimit.FullMethod()),
+			context.Background(), "1:/m"},
+		{"or: none", grpclimit.Or(grpclimit.Metadata("a"), grpclimit.Metadata("b")), context.Background(),
+			`error: grpclimit: call has no rate-limit key: metadata "b" is missing`},
+		{"or: nothing", grpclimit.Or(), context.Background(), "error: grpclimit: call has no rate-limit key: Or of no key functions"},
+	}
+	for _, c := range cases {
+		k, err := c.key(c.ctx, "/m")
+		got := k
+		if err != nil {
+			got = "error: " + err.Error()
+			if c.name != "or: a hard error stops" {
+				assert.ErrorIs(t, err, grpclimit.ErrNoKey, c.name)
+			}
+		}
+		assert.Equal(t, c.want, got, c.name)
+	}
+	k, err := grpclimit.FullMethod()(context.Background(), "")
+	assert.ErrorIs(t, err, grpclimit.ErrNoKey)
+	assert.Empty(t, k)
+}
+
+// TestPeerIPErrors checks that invalid IPOptions are errors naming the
+// field and what it accepts.
+func TestPeerIPErrors(t *testing.T) {
+	for _, c := range []struct {
+		opts grpclimit.IPOptions
+		want string
+	}{
+		{grpclimit.IPOptions{IPv6Bits: 128}, "grpclimit: IPOptions.IPv6Bits is 128, want 0 (full address) to 127"},
+		{grpclimit.IPOptions{IPv6Bits: -1}, "grpclimit: IPOptions.IPv6Bits is -1, want 0 (full address) to 127"},
+		{grpclimit.IPOptions{TrustedProxies: []netip.Prefix{{}}}, "grpclimit: IPOptions.TrustedProxies[0] is not a valid prefix"},
+		{grpclimit.IPOptions{Metadata: "x forwarded"}, `grpclimit: IPOptions.Metadata is "x forwarded", want a metadata key: letters, digits, '-', '_' and '.'`},
+		{grpclimit.IPOptions{Metadata: "x-fwd-bin"}, `grpclimit: IPOptions.Metadata is "x-fwd-bin", want a text key (not ending in -bin)`},
+	} {
+		_, err := grpclimit.PeerIP(c.opts)
+		assert.EqualError(t, err, c.want)
+	}
+	// TrustedProxies is copied: changing the caller's slice later changes nothing.
+	trusted := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	k, err := grpclimit.PeerIP(grpclimit.IPOptions{TrustedProxies: trusted})
+	require.NoError(t, err)
+	trusted[0] = netip.MustParsePrefix("192.0.2.0/24")
+	ctx := metadata.NewIncomingContext(peer.NewContext(context.Background(), &peer.Peer{Addr: net.TCPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:1"))}),
+		metadata.Pairs("x-forwarded-for", "203.0.113.9"))
+	got, err := k(ctx, "/m")
+	require.NoError(t, err)
+	assert.Equal(t, "203.0.113.9", got)
+}
