@@ -110,7 +110,9 @@ done <<<"$pins"
 # in the workspace, and no proxy serves the root's).
 if [ -f go.work ]; then
   echo "-- go.work: loads without fetching $root"
-  if ! out=$(env GOWORK="$top/go.work" GOMODCACHE="$tmp/workcache" GOFLAGS="-mod=readonly -modcacherw" \
+  # A copy with absolute paths: the go command may add to go.work.sum.
+  "$tmp/modproxy" workcopy -repo "$top" -out "$tmp/work"
+  if ! out=$(env GOWORK="$tmp/work/go.work" GOMODCACHE="$tmp/workcache" GOFLAGS="-mod=readonly -modcacherw" \
     GOPROXY="file://$cache/cache/download${upstream:+,$upstream}" GOPRIVATE="$root" GONOPROXY="$root" GONOSUMDB="$root" \
     GOVCS="*:off" go list -m all 2>&1 >/dev/null); then
     printf '%s\n' "$out" >&2

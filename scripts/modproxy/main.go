@@ -11,6 +11,7 @@
 //	modproxy add -repo DIR -dir PROXYDIR -version VERSION [-v]
 //	modproxy pins -repo DIR
 //	modproxy work -repo DIR
+//	modproxy workcopy -repo DIR -out DIR
 //
 // add writes the root module (the go.mod at the top of the repository) at a
 // commit into PROXYDIR as the module proxy protocol lays it out (go help
@@ -36,6 +37,11 @@
 // work prints one line per replace directive for the root module in the
 // go.work at the top (nothing when there is none): the version it replaces
 // ("-" for all versions) and its target.
+//
+// workcopy copies the go.work at the top (and its go.work.sum) into another
+// directory, with every relative path in it made absolute, so that the go
+// command can use the workspace (GOWORK=DIR/go.work) without writing to the
+// repository's go.work.sum.
 package main
 
 import (
@@ -75,6 +81,8 @@ func main() {
 		err = runPins(os.Args[2:])
 	case "work":
 		err = runWork(os.Args[2:])
+	case "workcopy":
+		err = runWorkCopy(os.Args[2:])
 	default:
 		usage()
 	}
@@ -88,7 +96,8 @@ func usage() {
 	fmt.Fprintln(os.Stderr, `usage:
   modproxy add -repo DIR -dir PROXYDIR (-rev REV | -version VERSION) [-v]
   modproxy pins -repo DIR
-  modproxy work -repo DIR`)
+  modproxy work -repo DIR
+  modproxy workcopy -repo DIR -out DIR`)
 	os.Exit(2)
 }
 
@@ -159,6 +168,88 @@ func runWork(args []string) error {
 		fmt.Println(dash(r.Old.Version), r.New.String())
 	}
 	return nil
+}
+
+func runWorkCopy(args []string) error {
+	fl := flag.NewFlagSet("workcopy", flag.ExitOnError)
+	repo := fl.String("repo", ".", "the git work tree whose top holds go.work")
+	out := fl.String("out", "", "the directory to write go.work and go.work.sum into")
+	_ = fl.Parse(args)
+	if *out == "" || fl.NArg() != 0 {
+		usage()
+	}
+	return copyWork(*repo, *out)
+}
+
+// copyWork copies repo's go.work and go.work.sum into the directory out, with
+// the relative paths of use and replace directives made absolute.
+func copyWork(repo, out string) error {
+	top, err := filepath.Abs(repo)
+	if err != nil {
+		return err
+	}
+	name := filepath.Join(top, "go.work")
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return err
+	}
+	wf, err := modfile.ParseWork(name, data, nil)
+	if err != nil {
+		return err
+	}
+	abs := func(p string) string {
+		if filepath.IsAbs(p) {
+			return p
+		}
+		return filepath.Join(top, filepath.FromSlash(p))
+	}
+	// Drop first, then add: dropping clears the directive in place.
+	var uses []modfile.Use
+	for _, u := range wf.Use {
+		uses = append(uses, *u)
+	}
+	var reps []modfile.Replace
+	for _, r := range wf.Replace {
+		if r.New.Version == "" && modfile.IsDirectoryPath(r.New.Path) {
+			reps = append(reps, *r)
+		}
+	}
+	for _, u := range uses {
+		if err := wf.DropUse(u.Path); err != nil {
+			return err
+		}
+	}
+	for _, r := range reps {
+		if err := wf.DropReplace(r.Old.Path, r.Old.Version); err != nil {
+			return err
+		}
+	}
+	wf.Cleanup()
+	for _, u := range uses {
+		if err := wf.AddUse(abs(u.Path), u.ModulePath); err != nil {
+			return err
+		}
+	}
+	for _, r := range reps {
+		if err := wf.AddReplace(r.Old.Path, r.Old.Version, abs(r.New.Path), ""); err != nil {
+			return err
+		}
+	}
+	wf.Cleanup()
+	if err := os.MkdirAll(out, 0o777); err != nil {
+		return err
+	}
+	if err := writeFile(filepath.Join(out, "go.work"), modfile.Format(wf.Syntax)); err != nil {
+		return err
+	}
+	sum, err := os.ReadFile(filepath.Join(top, "go.work.sum"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(out, "go.work.sum"), sum)
 }
 
 // workReplaces returns the replace directives for the root module in the

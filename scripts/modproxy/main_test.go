@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/mod/modfile"
 	"golang.org/x/mod/module"
 )
 
@@ -279,5 +280,38 @@ func TestPinsAndWork(t *testing.T) {
 	}
 	if len(reps) != 1 || reps[0].Old != (module.Version{Path: "example.com/m", Version: "v0.0.0-20240102030405-000000000000"}) || reps[0].New.Path != "./" {
 		t.Errorf("go.work replaces = %+v", reps)
+	}
+}
+
+func TestCopyWork(t *testing.T) {
+	dir := testRepo(t)
+	if err := os.WriteFile(filepath.Join(dir, "go.work.sum"), []byte("sums\n"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	if err := copyWork(dir, out); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(out, "go.work"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, err := modfile.ParseWork("go.work", data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, u := range wf.Use {
+		paths = append(paths, u.Path)
+	}
+	for _, r := range wf.Replace {
+		paths = append(paths, r.New.Path)
+	}
+	want := []string{dir, filepath.Join(dir, "sub"), dir}
+	if !slices.Equal(paths, want) {
+		t.Errorf("go.work copy: use and replace paths %q, want %q:\n%s", paths, want, data)
+	}
+	if sum, err := os.ReadFile(filepath.Join(out, "go.work.sum")); err != nil || string(sum) != "sums\n" {
+		t.Errorf("go.work.sum copy: %q, %v", sum, err)
 	}
 }
