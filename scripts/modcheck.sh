@@ -78,6 +78,7 @@ while read -r dir version replace; do
   if ! out=$("$tmp/modproxy" add -repo "$top" -dir "$tmp/proxy" -version "$version" 2>&1 >/dev/null); then
     fail "$dir" "$dir/go.mod requires $root $version, which this repository cannot serve:" \
       "$out" \
+      "(A pin made on a branch that was then rebased or squashed names a commit that is gone.)" \
       "Pin a commit of this history: bash scripts/pin-root.sh"
     continue
   fi
@@ -85,19 +86,19 @@ while read -r dir version replace; do
   echo "-- $dir: $root $version ($rev)"
 
   if ! out=$(run go build -o /dev/null ./... 2>&1) || ! out=$(run go vet ./... 2>&1); then
-    printf '%s\n' "$out" >&2
+    grep -v '^go: downloading ' <<<"$out" >&2 || true
     if grep -qE 'missing go.sum entry|checksum mismatch|SECURITY ERROR|updates to go.mod needed|no required module provides|go: inconsistent vendoring|invalid version|unknown revision' <<<"$out"; then
       fail "$dir" "$dir: go.mod/go.sum do not fit $root $version (see above)." \
         "Refresh them: bash scripts/pin-root.sh"
     else
       fail "$dir" "$dir does not build against $root $version (see above)." \
-        "If it uses root API added after commit ${version##*-}, its pin is stale:" \
-        "bash scripts/pin-root.sh (then commit $dir/go.mod and $dir/go.sum)"
+        "If it uses root API added after commit ${version##*-} (or not committed yet), its pin is stale:" \
+        "commit the root change, run bash scripts/pin-root.sh, commit $dir/go.mod, $dir/go.sum and go.work."
     fi
     continue
   fi
   if ! out=$(run go mod tidy -diff 2>&1); then
-    printf '%s\n' "$out" >&2
+    grep -v '^go: downloading ' <<<"$out" >&2 || true
     fail "$dir" "$dir: go.mod/go.sum are not what go mod tidy makes of them against $root $version (diff above)." \
       "Refresh them: bash scripts/pin-root.sh"
     continue
