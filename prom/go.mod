@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0
+	github.com/hybridlimit/hybridlimit v0.0.0-20261123042018-da1fb3b11a1a
 	github.com/stretchr/testify v1.12.1
 )
 
@@ -27,5 +27,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/hybridlimit/hybridlimit => ../

@@ -58,6 +58,8 @@ go vet "${pkgs[@]}"
 echo "== 32-bit build (GOARCH=386)"
 GOARCH=386 go build "${pkgs[@]}"
 
+bash scripts/modcheck.sh # == nested modules build with GOWORK=off against the pinned root
+
 echo "== staticcheck ($STATICCHECK)"
 go run "$STATICCHECK" "${pkgs[@]}"
 
