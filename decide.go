@@ -85,16 +85,27 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 	if l.cfg.FailurePolicy == FailClosed && l.loop != nil && l.loop.Failing() && l.loop.KeyFailing(key) {
 		return l.failClosed(), nil
 	}
-	return l.decideLocal(key, n, l.clock.now())
+	d, st := l.table.Allow(key, n, l.clock.now())
+	if st != local.Decided {
+		return l.undecided(st, n)
+	}
+	r := &l.cfg.Rules[d.Rule]
+	return Result{Allowed: d.Allowed, Rule: d.Rule, Limit: r.Limit, Window: r.Window, Remaining: d.Remaining,
+		RetryAfter: time.Duration(d.RetryAfter), ResetAfter: time.Duration(d.ResetAfter)}, nil
 }
 
 // decideLocal decides on this node's table.
 func (l *Limiter) decideLocal(key string, n, now int64) (Result, error) {
 	d, st := l.table.Allow(key, n, now)
-	switch st {
-	case local.Decided:
-		return l.result(d), nil
-	case local.Full:
+	if st != local.Decided {
+		return l.undecided(st, n)
+	}
+	return l.result(d), nil
+}
+
+// undecided answers a decision the table did not make.
+func (l *Limiter) undecided(st local.Status, n int64) (Result, error) {
+	if st == local.Full {
 		return l.untracked(n), nil
 	}
 	return Result{Rule: -1}, ErrClosed

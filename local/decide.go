@@ -42,7 +42,14 @@ func (t *Table) Allow(key string, n, now int64) (Decision, Status) {
 			}
 			return Decision{}, Full
 		}
-		switch d, o := t.decide(e, n, now); o {
+		var d Decision
+		var o outcome
+		if len(t.rules) == 1 {
+			d, o = t.decide1(e, n, now)
+		} else {
+			d, o = t.decide(e, n, now)
+		}
+		switch o {
 		case admitted:
 			return d, Decided
 		case refused:
@@ -111,6 +118,59 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 		t.touch(e)
 	}
 	return d, admitted
+}
+
+// decide1 is decide for a table of one rule: the same steps, with no
+// bookkeeping of earlier rules to take back.
+func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
+	r, c := &t.rules[0], &e.c[0]
+	for {
+		w := word(c.word.Load())
+		if w.rolling() {
+			e.waitRoll()
+			continue
+		}
+		win := c.win.Load()
+		el := now - win*r.w
+		if el < 0 || el >= r.w {
+			id, _ := WindowOf(now, r.w)
+			if win < id {
+				if !t.roll(e, 0, id, now) {
+					return Decision{}, closed
+				}
+				continue
+			}
+			el = 0
+		}
+		prev, cur := c.prev.Load(), c.base.Load()+w.count()
+		est := r.estimate(prev, cur, el)
+		if !r.admits(est, n) {
+			var words [MaxRules]word
+			var wins [MaxRules]int64
+			t.refuse(e, 0, &words, &wins, n, now)
+			return Decision{}, refused
+		}
+		nw := w.plus(n)
+		if !c.word.CompareAndSwap(uint64(w), uint64(nw)) {
+			continue
+		}
+		if e.has(flagDead) || (t.syncing && t.closed.Load()) {
+			words, wins := [MaxRules]word{nw}, [MaxRules]int64{win}
+			if e.has(flagDead) {
+				t.undoAll(e, &words, &wins, 1, n)
+				return Decision{}, retry
+			}
+			if t.closedAfterCommit(e, &words, &wins, n) {
+				return Decision{}, closed
+			}
+		}
+		e.seen(now)
+		e.allowed.Add(1)
+		if t.syncing {
+			t.touch(e)
+		}
+		return Decision{Allowed: true, Rule: 0, Remaining: r.remaining(est + float64(n)), ResetAfter: r.resetAfter(prev, cur+n, el)}, admitted
+	}
 }
 
 // refuse finishes a decision that rule denied after rules [0, denied)
