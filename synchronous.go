@@ -2,6 +2,7 @@ package hybridlimit
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -152,11 +153,17 @@ func (s *synchronous) send(c *call, batch []*call) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	s.calls.Add(1)
-	_ = s.l.cfg.Store.Take(ctx, reqs)
+	err := s.l.cfg.Store.Take(ctx, reqs)
+	if err == nil {
+		err = ctx.Err()
+	}
 	cancel()
 	for _, x := range batch {
-		if x.req.Status == store.NotSent {
-			x.req.Status, x.req.Err = store.Failed, ctx.Err()
+		if x.req.Status == store.NotSent { // a store that only returned an error
+			x.req.Status, x.req.Err = store.InDoubt, err
+			if x.req.Err == nil {
+				x.req.Err = errors.New("hybridlimit: the store set no status")
+			}
 		}
 		if x != c {
 			x.done <- false

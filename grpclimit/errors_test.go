@@ -112,7 +112,8 @@ type downStore struct{}
 
 var errDown = errors.New("store down")
 
-func (downStore) Apply(context.Context, []store.Op) error          { return errDown }
+func (downStore) Group(string) int                                 { return 0 }
+func (downStore) Push(context.Context, []*store.Batch) error       { return errDown }
 func (downStore) Take(context.Context, []*store.TakeRequest) error { return errDown }
 func (downStore) Time(context.Context) (time.Time, error)          { return time.Time{}, errDown }
 
@@ -144,6 +145,8 @@ func TestStoreFailure(t *testing.T) {
 			assert.NotNil(t, r.retry)
 			assert.True(t, <-degraded)
 		}
-		_ = l.Close(context.Background())
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		_ = l.Close(ctx) // the store stays down: Close gives up at once
+		cancel()
 	}
 }

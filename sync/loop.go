@@ -330,8 +330,19 @@ func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
 	// Timeout (100k counters: +1s).
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout+time.Duration(ops)*10*time.Microsecond)
 	start := l.cfg.Clock.Now()
-	_ = l.cfg.Store.Push(cctx, sbs)
+	err := l.cfg.Store.Push(cctx, sbs)
+	if err == nil {
+		err = cctx.Err()
+	}
 	cancel()
+	for _, b := range batches {
+		if b.sb.Status == store.NotSent { // a store that only returned an error
+			b.sb.Status, b.sb.Err = store.InDoubt, err
+			if err == nil {
+				b.sb.Err = errors.New("syncloop: the store set no status")
+			}
+		}
+	}
 	latency := l.cfg.Clock.Now().Sub(start)
 	l.stats.calls.Add(1)
 	var res result
