@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/go-redis/redis_rate/v10 v10.0.1
-	github.com/hybridlimit/hybridlimit v0.0.0-20261123042018-da1fb3b11a1a
+	github.com/hybridlimit/hybridlimit v0.0.0-20261123043711-31c35d51a751
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/sethvargo/go-limiter v0.7.1
 	github.com/stretchr/testify v1.12.1
