@@ -66,11 +66,3 @@ func (b *breaker) done(node string, ok bool) {
 	d := b.min << min(c.failures-1, 20)
 	c.until = b.now().Add(min(d, b.max))
 }
-
-// open reports whether calls to node are refused now.
-func (b *breaker) open(node string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	c := b.nodes[node]
-	return c != nil && c.failures > 0 && (c.probing || b.now().Before(c.until))
-}

@@ -502,7 +502,7 @@ func (s *Redis) Time(ctx context.Context) (time.Time, error) {
 	first := err
 	var got time.Time
 	errFound := errors.New("found")
-	err = s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+	_ = s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 		mu.Lock()
 		done := !got.IsZero()
 		mu.Unlock()

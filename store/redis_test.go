@@ -110,7 +110,7 @@ func TestRedisScriptsAndExpiry(t *testing.T) {
 	key := store.CounterKey(pfx, store.Counter{Key: "exp", Window: w, ID: id})
 	ttl, err := c.PTTL(ctx, key).Result()
 	require.NoError(t, err)
-	want := time.UnixMilli(store.ExpireAt(w, id)).Sub(time.Now())
+	want := time.Until(time.UnixMilli(store.ExpireAt(w, id)))
 	assert.InDelta(t, float64(want), float64(ttl), float64(2*time.Second), "a counter expires a minute after its window stops counting")
 
 	require.NoError(t, c.ScriptFlush(ctx).Err())
