@@ -46,6 +46,38 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", uint8(m))
 }
 
+// AsyncPolicy selects how ModeAsync decides between syncs. The zero value
+// is Share.
+type AsyncPolicy uint8
+
+const (
+	// Share makes each node spend only its share of the quota it believes
+	// is free, its share being its part of the key's recent increments,
+	// with a correction for what the other nodes admitted but had not yet
+	// pushed when it synced. The cluster then admits close to the limit
+	// whatever the sync rate (see docs/design.md). Keys with too few
+	// requests per node per sync period for a share to mean anything are
+	// decided by the Naive rule.
+	Share AsyncPolicy = iota
+	// Naive decides on the cluster total of the last sync plus this
+	// node's own unsynced count (Kong's scheme): each node is blind to what
+	// the others admitted since their last push, and the cluster can
+	// overshoot by about ((N−1)/N)·τ/W for N nodes each τ behind (sync
+	// period plus round trip) with window W.
+	Naive
+)
+
+// String returns "share" or "naive".
+func (p AsyncPolicy) String() string {
+	switch p {
+	case Share:
+		return "share"
+	case Naive:
+		return "naive"
+	}
+	return fmt.Sprintf("AsyncPolicy(%d)", uint8(p))
+}
+
 // FailurePolicy says what a Limiter decides while its store fails, or while
 // its table of keys is full. The zero value is FailOpen.
 type FailurePolicy uint8
@@ -122,6 +154,10 @@ type Config struct {
 	// Must be zero in the other modes.
 	SyncRate time.Duration
 
+	// AsyncPolicy is how ModeAsync decides between syncs: Share (the zero
+	// value) or Naive. Ignored in the other modes.
+	AsyncPolicy AsyncPolicy
+
 	// FailurePolicy is what decisions do while the store fails or the key
 	// table is full: FailOpen (the zero value) or FailClosed.
 	FailurePolicy FailurePolicy
@@ -191,6 +227,11 @@ type Config struct {
 	// default 10s.
 	LogEvery time.Duration
 
+	// Seed, when not zero, makes the limiter's random draws (the share
+	// policy's dither) repeatable, for simulations and tests. Zero draws a
+	// seed at random.
+	Seed uint64
+
 	// Manual starts no background sync loop: the caller runs Sync (push and
 	// pull), SyncClock and Evict itself. For tests and simulations that
 	// drive time by hand. (The coarse clock of ClockResolution still ticks.)
@@ -234,6 +275,9 @@ func (c Config) validate() (Config, error) {
 		}
 	} else if c.SyncRate != 0 {
 		return c, fmt.Errorf("hybridlimit: Config.SyncRate is %v, but only ModeAsync syncs periodically; leave it zero in Config.Mode %v", c.SyncRate, c.Mode)
+	}
+	if c.AsyncPolicy > Naive {
+		return c, fmt.Errorf("hybridlimit: Config.AsyncPolicy is %v, want Share or Naive", c.AsyncPolicy)
 	}
 	if c.FailurePolicy > FailClosed {
 		return c, fmt.Errorf("hybridlimit: Config.FailurePolicy is %v, want FailOpen or FailClosed", c.FailurePolicy)

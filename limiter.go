@@ -84,6 +84,8 @@ func New(cfg Config) (*Limiter, error) {
 		Syncing:     syncing,
 		ReadPrev:    int64(2 * rate),
 		CountDenied: cfg.CountDenied,
+		Share:       cfg.Mode == ModeAsync && cfg.AsyncPolicy == Share,
+		Seed:        cfg.Seed,
 	})
 	offset := func() int64 { return 0 }
 	if syncing {

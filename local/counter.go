@@ -69,6 +69,8 @@ type syncState struct {
 	prevReadUntil int64 // keep reading win-1 from the store until this instant (ns)
 	staleWin      int64 // window of stale
 	stale         int64 // increments of an older window still to push
+
+	share atomic.Pointer[shareState] // the share policy's state, nil until the first sync
 }
 
 // stash keeps d increments of window win, older than the previous one, to

@@ -90,14 +90,22 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 			}
 			prev, cur := c.prev.Load(), c.base.Load()+w.count()
 			est := r.estimate(prev, cur, el)
-			if !r.admits(est, n) {
+			rem := r.remaining(est + float64(n))
+			ok := r.admits(est, n)
+			if ok && t.share {
+				if _, room, applies := t.shareRoomOf(e, i, prev, cur, win, el); applies {
+					ok = float64(n) <= room+Epsilon
+					rem = min(rem, int64(max(room-float64(n), 0)))
+				}
+			}
+			if !ok {
 				t.refuse(e, i, &words, &wins, n, now)
 				return Decision{}, refused
 			}
 			nw := w.plus(n)
 			if c.word.CompareAndSwap(uint64(w), uint64(nw)) {
 				words[i], wins[i] = nw, win
-				if rem := r.remaining(est + float64(n)); rem < d.Remaining {
+				if rem < d.Remaining {
 					d.Rule, d.Remaining = i, rem
 					d.ResetAfter = r.resetAfter(prev, cur+n, el)
 				}
@@ -144,7 +152,15 @@ func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
 		}
 		prev, cur := c.prev.Load(), c.base.Load()+w.count()
 		est := r.estimate(prev, cur, el)
-		if !r.admits(est, n) {
+		rem := r.remaining(est + float64(n))
+		ok := r.admits(est, n)
+		if ok && t.share {
+			if _, room, applies := t.shareRoomOf(e, 0, prev, cur, win, el); applies {
+				ok = float64(n) <= room+Epsilon
+				rem = min(rem, int64(max(room-float64(n), 0)))
+			}
+		}
+		if !ok {
 			var words [MaxRules]word
 			var wins [MaxRules]int64
 			t.refuse(e, 0, &words, &wins, n, now)
@@ -169,7 +185,7 @@ func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
 		if t.syncing {
 			t.touch(e)
 		}
-		return Decision{Allowed: true, Rule: 0, Remaining: r.remaining(est + float64(n)), ResetAfter: r.resetAfter(prev, cur+n, el)}, admitted
+		return Decision{Allowed: true, Rule: 0, Remaining: rem, ResetAfter: r.resetAfter(prev, cur+n, el)}, admitted
 	}
 }
 
@@ -343,7 +359,25 @@ func (t *Table) denied(e *Entry, n, now int64) Decision {
 	for i := range t.rules {
 		v[i] = t.view(e, i, now)
 	}
-	return Summarize(t.rules, v[:len(t.rules)], n, false, 1)
+	d := Summarize(t.rules, v[:len(t.rules)], n, false, 1)
+	if !t.share {
+		return d
+	}
+	// The share policy may deny what the plain rule admits: its wait wins
+	// when it is longer.
+	for i := range t.rules {
+		r, c := &t.rules[i], &v[i]
+		id, _ := WindowOf(now, r.w)
+		sv, room, applies := t.shareRoomOf(e, i, c.Prev, c.Cur, id, c.Elapsed)
+		if !applies {
+			continue
+		}
+		if retry := r.shareRetry(sv, room, c.Prev, c.Elapsed, n); retry > d.RetryAfter {
+			d.Rule, d.RetryAfter, d.Remaining = i, retry, int64(max(room, 0))
+			d.ResetAfter = r.resetAfter(c.Prev, c.Cur, c.Elapsed)
+		}
+	}
+	return d
 }
 
 // view reads rule i of e at now without changing it, as if rolled over.

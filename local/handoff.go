@@ -73,8 +73,8 @@ func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 }
 
 // Settle writes back what the store answered for pushes of e that it
-// applied: totals[k] is the store's counter after pushes[k].
-func (t *Table) Settle(e *Entry, pushes []Push, totals []int64) {
+// applied at about now: totals[k] is the store's counter after pushes[k].
+func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k := range pushes {
@@ -90,6 +90,28 @@ func (t *Table) Settle(e *Entry, pushes []Push, totals []int64) {
 			s.prevInflight -= p.Delta
 			c.prev.Store(totals[k] + s.prevPending + s.prevInflight)
 		}
+	}
+	if t.share {
+		t.settleShares(e, now, pushes, totals)
+	}
+}
+
+// settleShares feeds every rule's sync to the share policy. Call with
+// e.mu held.
+func (t *Table) settleShares(e *Entry, now int64, pushes []Push, totals []int64) {
+	for k := range pushes {
+		p := &pushes[k]
+		if p.kind != pushCur || e.c[p.Rule].win.Load() != p.Win {
+			continue // a rule rolled over since the take: its next sync counts
+		}
+		var prev, ownPrev int64
+		prevRead := false
+		for j := k + 1; j < len(pushes) && pushes[j].Rule == p.Rule; j++ {
+			if pushes[j].kind == pushPrev {
+				prev, ownPrev, prevRead = totals[j], pushes[j].Delta, true
+			}
+		}
+		t.settleShare(e, p.Rule, now, p.Win, totals[k], prev, prevRead, p.Delta, ownPrev)
 	}
 }
 

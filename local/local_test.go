@@ -44,7 +44,7 @@ func takeSettle(tb *Table, e *Entry, now int64, others int64) []Push {
 	for i, p := range pushes {
 		totals[i] = p.Delta + others
 	}
-	tb.Settle(e, pushes, totals)
+	tb.Settle(e, 0, pushes, totals)
 	return pushes
 }
 
@@ -86,7 +86,7 @@ func TestTakeSettleRelease(t *testing.T) {
 	pushes, _ = tb.Take(e, 5*w, nil)
 	require.Equal(t, []Push{{Rule: 0, Win: 5, Delta: 5}}, pushes)
 	// Applied, the others had pushed 10.
-	tb.Settle(e, pushes, []int64{15})
+	tb.Settle(e, 0, pushes, []int64{15})
 	assert.Equal(t, int64(15), c.base.Load())
 	assert.Equal(t, int64(0), tb.Unsynced(e))
 	res, _ := tb.Peek("k", 1, 5*w+w/2), 0
@@ -100,7 +100,7 @@ func TestSettleAndReleaseAfterRollover(t *testing.T) {
 	c, s := &e.c[0], &e.s[0]
 	pushes, _ := tb.Take(e, 5*w, nil)
 	assert.True(t, allow(t, tb, "k", 1, 6*w)) // rolls over while the push is on its way
-	tb.Settle(e, pushes, []int64{10})
+	tb.Settle(e, 0, pushes, []int64{10})
 	assert.Equal(t, int64(10), c.prev.Load(), "the pushed window is the previous one now")
 	assert.Equal(t, int64(0), s.prevInflight)
 
@@ -136,7 +136,7 @@ func TestUndoIsExact(t *testing.T) {
 	tb.undo(e, 0, words[0], wins[0], 1)
 	assert.Equal(t, int64(-1), e.s[0].adj)
 	assert.Equal(t, int64(1), e.c[0].base.Load(), "the view drops it at once")
-	tb.Settle(e, pushes, []int64{2, 2, 2, 2, 2, 2})
+	tb.Settle(e, 0, pushes, []int64{2, 2, 2, 2, 2, 2})
 	pushes, _ = tb.Take(e, 60*w, nil)
 	assert.Equal(t, int64(-1), pushes[0].Delta)
 	// After a rollover: taken back from the previous window.

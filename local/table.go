@@ -3,6 +3,7 @@ package local
 import (
 	"hash/maphash"
 	"math/bits"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 
@@ -24,6 +25,12 @@ type Options struct {
 	ReadPrev int64
 	// CountDenied makes denied requests consume quota too.
 	CountDenied bool
+	// Share selects the share policy of the async mode (share.go) over
+	// the plain rule. It needs Syncing.
+	Share bool
+	// Seed, when not zero, seeds the table's random draws (the share
+	// policy's dither), so that a run can be repeated.
+	Seed uint64
 }
 
 // hkey is a table key: the user key with its hash, computed once per
@@ -49,6 +56,7 @@ type Table struct {
 	readPrev    int64
 	syncing     bool
 	countDenied bool
+	share       bool
 
 	seed   maphash.Seed
 	shift  uint // 64 − log2(len(shards))
@@ -57,6 +65,8 @@ type Table struct {
 	maxKeys int64
 	keys    atomic.Int64 // entries in the maps plus insertions under way
 	entries atomic.Int64 // entries in the maps
+
+	rng *rand.Rand // the share policy's dither; used by Settle only, one at a time
 
 	closed    atomic.Bool
 	flushed   chan struct{} // closed when the final flush has ended
@@ -78,6 +88,7 @@ func NewTable(o Options) *Table {
 		readPrev:    o.ReadPrev,
 		syncing:     o.Syncing,
 		countDenied: o.CountDenied,
+		share:       o.Share && o.Syncing,
 		seed:        maphash.MakeSeed(),
 		maxKeys:     int64(o.MaxKeys),
 		flushed:     make(chan struct{}),
@@ -85,6 +96,11 @@ func NewTable(o Options) *Table {
 	for i := range t.rules {
 		t.longest = max(t.longest, t.rules[i].w)
 	}
+	seed := o.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	t.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	n := 1
 	for n < 256 && int64(n)*shardKeys < t.maxKeys {
 		n *= 2

@@ -17,12 +17,17 @@ import (
 type modeSpec struct {
 	Mode     hybridlimit.Mode
 	SyncRate time.Duration
+	Policy   hybridlimit.AsyncPolicy // in ModeAsync
 }
 
-// String returns the spelling accepted by -modes: local, sync or async:RATE.
+// String returns the spelling accepted by -modes: local, sync, async:RATE
+// (the share policy) or naive:RATE (the async mode's naive policy).
 func (m modeSpec) String() string {
 	switch m.Mode {
 	case hybridlimit.ModeAsync:
+		if m.Policy == hybridlimit.Naive {
+			return "naive:" + m.SyncRate.String()
+		}
 		return "async:" + m.SyncRate.String()
 	case hybridlimit.ModeSynchronous:
 		return "sync"
@@ -68,6 +73,7 @@ type options struct {
 	PerNode      bool
 	Plot         string
 	Bucket       time.Duration
+	Warmup       time.Duration
 	Quiet        bool
 	Prefix       string
 	Spread       string  // spreadRR or spreadHash
@@ -105,7 +111,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.Zipf, "zipf", 1.1, "Zipf exponent s > 1 of key popularity for -pattern zipf")
 	fs.StringVar(&o.Pattern, "pattern", "steady", "traffic `pattern`: "+strings.Join(patterns, ", "))
 	rules := fs.String("rules", "1000/1s", "comma-separated `rules` LIMIT/WINDOW[:fixed], e.g. 1000/1s,20000/1m")
-	modes := fs.String("modes", "local,sync,async:10ms,async:100ms,async:1s", "comma-separated `configurations`: local, sync, async:RATE")
+	modes := fs.String("modes", "local,sync,naive:10ms,async:10ms,naive:100ms,async:100ms,naive:1s,async:1s", "comma-separated `configurations`: local, sync, async:RATE (the share policy), naive:RATE (the async mode's naive policy)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "random seed: the same seed gives the same traffic and the same report")
 	fs.BoolVar(&o.Stagger, "stagger", true, "spread the nodes' sync instants evenly over one sync period (false: all nodes sync at once)")
 	fs.DurationVar(&o.StoreLatency, "store-latency", 0, "simulated store round trip of every async sync cycle (memory store only)")
@@ -119,6 +125,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.PerNode, "per-node", false, "add a per-node breakdown")
 	fs.StringVar(&o.Plot, "plot", "", "write a chart to `FILE` (.svg or .png)")
 	fs.DurationVar(&o.Bucket, "bucket", time.Second, "time step of the admitted-per-second series in the chart")
+	fs.DurationVar(&o.Warmup, "warmup", 0, "leave the run's first `DURATION` out of the accuracy figures (overshoot, false denials, peak): requests are still decided, by the nodes and the reference")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no progress on stderr")
 	fs.StringVar(&o.Prefix, "prefix", "", "store key `prefix` of the run (default: random per run), one per configuration with a suffix")
 	fs.StringVar(&o.Spread, "spread", spreadRR, "how requests are spread over the nodes: rr (round robin) or hash (by a hash of the key: a key keeps to one node while the nodes present do not change)")
@@ -202,6 +209,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("-keys is %d, want 1 to 10000000", o.Keys)
 	case !(o.Zipf > 1) || o.Zipf > 10:
 		return nil, usagef("-zipf is %v, want more than 1, at most 10", o.Zipf)
+	case o.Warmup < 0 || (o.Trace == "" && o.Warmup >= o.Duration):
+		return nil, usagef("-warmup is %v, want 0 to less than -duration (%v)", o.Warmup, o.Duration)
 	case o.StoreLatency < 0 || o.StoreLatency > time.Minute:
 		return nil, usagef("-store-latency is %v, want 0 to 1m", o.StoreLatency)
 	case o.Skew < 0 || o.Skew > time.Hour:

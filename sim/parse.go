@@ -70,10 +70,13 @@ func parseModes(s string) ([]modeSpec, error) {
 			m.Mode = hybridlimit.ModeLocal
 		case "sync", "synchronous":
 			m.Mode = hybridlimit.ModeSynchronous
-		case "async":
+		case "async", "naive":
 			m.Mode = hybridlimit.ModeAsync
+			if name == "naive" {
+				m.Policy = hybridlimit.Naive
+			}
 			if !hasArg {
-				return nil, usagef("-modes: %q needs a sync rate, e.g. async:100ms", part)
+				return nil, usagef("-modes: %q needs a sync rate, e.g. %s:100ms", part, name)
 			}
 			d, err := time.ParseDuration(arg)
 			if err != nil || d < time.Millisecond || d > time.Hour {
@@ -81,10 +84,10 @@ func parseModes(s string) ([]modeSpec, error) {
 			}
 			m.SyncRate = d
 		default:
-			return nil, usagef("-modes: %q is not local, sync or async:RATE", part)
+			return nil, usagef("-modes: %q is not local, sync, async:RATE or naive:RATE", part)
 		}
 		if hasArg && m.Mode != hybridlimit.ModeAsync {
-			return nil, usagef("-modes: %q takes no argument; only async:RATE does", part)
+			return nil, usagef("-modes: %q takes no argument; only async:RATE and naive:RATE do", part)
 		}
 		out = append(out, m)
 	}

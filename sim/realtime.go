@@ -55,7 +55,7 @@ func realtimeConfig(o *options, m modeSpec, st store.Store, pfx string) (*report
 	counting := &simStore{inner: st}
 	nodes := make([]*hybridlimit.Limiter, o.Nodes)
 	for i := range nodes {
-		cfg := hybridlimit.Config{Rules: o.Rules, Mode: m.Mode, SyncRate: m.SyncRate, Prefix: pfx}
+		cfg := hybridlimit.Config{Rules: o.Rules, Mode: m.Mode, SyncRate: m.SyncRate, AsyncPolicy: m.Policy, Prefix: pfx}
 		if m.Mode != hybridlimit.ModeLocal {
 			cfg.Store = &realStore{counting}
 		}

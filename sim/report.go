@@ -16,6 +16,7 @@ import (
 type report struct {
 	Nodes           int     `json:"nodes"`
 	Mode            string  `json:"mode"`
+	Policy          string  `json:"policy,omitempty"`
 	SyncRateMs      float64 `json:"sync_rate_ms"`
 	Pattern         string  `json:"pattern"`
 	Limit           int64   `json:"limit"`
@@ -37,6 +38,7 @@ type report struct {
 	Keys           int          `json:"keys"`
 	RatePerSec     float64      `json:"rate_per_s"`
 	DurationS      float64      `json:"duration_s"`
+	WarmupS        float64      `json:"warmup_s,omitempty"`
 	Seed           uint64       `json:"seed"`
 	Store          string       `json:"store"`
 	Time           string       `json:"time"`
@@ -80,10 +82,15 @@ func newReport(o *options, m modeSpec) *report {
 	case hybridlimit.ModeSynchronous:
 		mode = "sync"
 	}
+	policy := ""
+	if m.Mode == hybridlimit.ModeAsync {
+		policy = m.Policy.String()
+	}
 	buckets := int((o.Duration + o.Bucket - 1) / o.Bucket)
 	r := &report{
 		Nodes:       o.Nodes,
 		Mode:        mode,
+		Policy:      policy,
 		SyncRateMs:  durMs(m.SyncRate),
 		Pattern:     o.Pattern,
 		Limit:       o.Rules[0].Limit,
@@ -92,6 +99,7 @@ func newReport(o *options, m modeSpec) *report {
 		Keys:        o.Keys,
 		RatePerSec:  o.Rate,
 		DurationS:   o.Duration.Seconds(),
+		WarmupS:     o.Warmup.Seconds(),
 		Seed:        o.Seed,
 		Store:       "memory",
 		Time:        "virtual",

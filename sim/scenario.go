@@ -83,6 +83,8 @@ func (d *driver) newLimiter(i int, t int64) error {
 		Rules:        d.o.Rules,
 		Mode:         d.m.Mode,
 		SyncRate:     d.m.SyncRate,
+		AsyncPolicy:  d.m.Policy,
+		Seed:         d.o.Seed<<16 + uint64(i)<<8 + uint64(n.gen) + 1,
 		Clock:        n.clk,
 		Manual:       true,
 		Prefix:       d.pfx,
@@ -210,6 +212,12 @@ func (d *driver) run() (*report, error) {
 		}
 		ideal := ref.allow(q.key, now)
 		b := int(q.at / bucket)
+		if q.at < int64(o.Warmup) {
+			// Decided by both, counted by neither: the report covers the
+			// run after the warm-up.
+			n.admitted, n.denied = n.admitted+b2i(res.Allowed), n.denied+b2i(!res.Allowed)
+			continue
+		}
 		r.Requests++
 		if res.Allowed {
 			r.Admitted++
@@ -369,4 +377,11 @@ func (d *driver) synced(i int, err error, at int64) {
 	}
 	next := max(at+int64(n.delay), d.base.nowNs()-d.start)
 	d.push(next, evSync, i)
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -352,7 +352,7 @@ func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
 			res.applied++
 			l.stats.ops.Add(uint64(len(b.sb.Ops)))
 			for _, s := range b.spans {
-				l.cfg.Table.Settle(s.e, b.pushes[s.from:s.to], b.sb.Totals[s.from:s.to])
+				l.cfg.Table.Settle(s.e, now, b.pushes[s.from:s.to], b.sb.Totals[s.from:s.to])
 				if !l.flushing && (s.again || now-s.e.LastSeen() < int64(l.cfg.Recent)) {
 					l.cfg.Table.Requeue(s.e)
 				}

@@ -1,0 +1,252 @@
+package local
+
+import (
+	"math"
+	"sync/atomic"
+)
+
+// The share policy of the async mode. A node that decides on the cluster
+// total of its last sync plus its own unsynced count is blind to what the
+// other nodes admitted since: with N nodes each τ behind, the cluster
+// overshoots by about ((N−1)/N)·τ/W. Under the share policy a node spends
+// only its share of the quota it believes is free:
+//
+//	known = the cluster's count as of this node's last sync (prev·weight + cur)
+//	own   = this node's admissions since that sync (the previous window's
+//	        part weighted like the previous window)
+//	lag   = the other nodes' admissions that were not yet in the store when
+//	        this node synced: their rate × half this node's sync period
+//	free  = limit − known − lag
+//	admit iff own + n ≤ share·free + dither
+//
+// where share is this node's part of the key's recent increments (a
+// running average over about 16 syncs) and dither, drawn at each sync in
+// [0, 1), lets a small share still admit its fraction on average. Between
+// syncs the node spends at most its share of what slides out of the window;
+// the nodes' shares add up to one, so the cluster spends what is free.
+// When no sync has happened for a window or more (a store outage), known
+// falls to zero and the rule becomes own ≤ share·limit: the node keeps
+// admitting its part of the limit. A key whose node has not synced it yet,
+// or that sees too few requests per sync for a share to mean anything,
+// falls back to the plain rule.
+
+// Tuning of the share policy, measured with the simulation (see
+// docs/design.md for the figures).
+const (
+	// shareAlpha is the weight of one sync in the running averages of
+	// the node's and the cluster's increments, after a plain average over
+	// the first syncs.
+	shareAlpha = 1.0 / 16
+	// rateAlpha is the weight of one sync in the other nodes' rate.
+	rateAlpha = 0.5
+	// shareMin is the least share: a node whose share fell keeps
+	// admitting a little, and grows back when the others leave room.
+	shareMin = 1.0 / 256
+	// shareMinCount is the least this node admits per sync period when
+	// the key runs at the limit (share × limit × period / window) for the
+	// share to decide: below it, a share of a handful of requests denies
+	// what an exact limiter admits, and the plain rule decides.
+	shareMinCount = 1.5
+	// lagFactor is how far, in sync periods, the other nodes' increments
+	// are on average behind this node's sync: half, when the nodes sync
+	// at independent instants.
+	lagFactor = 0.5
+	// headroomFactor: while the quota left exceeds this many sync
+	// periods of the cluster's increments, no node can run it out before
+	// its next sync, and the plain rule decides (so that the share policy
+	// never denies far below the limit).
+	headroomFactor = 2.0
+)
+
+// snapshot is what a decision needs of a counter's last sync, published by
+// Settle with a sequence lock.
+type snapshot struct {
+	seq   atomic.Uint64 // odd while being written
+	win   atomic.Int64  // the window the sync read; 0: none yet
+	base  atomic.Int64  // the counter's base right after the sync
+	share atomic.Uint64 // float64 bits
+	lag   atomic.Uint64 // float64 bits
+	dith  atomic.Uint64 // float64 bits
+}
+
+type snapValues struct {
+	win, base        int64
+	share, lag, dith float64
+}
+
+func (sn *snapshot) load() (v snapValues, ok bool) {
+	for range 4 {
+		s := sn.seq.Load()
+		if s&1 != 0 {
+			continue
+		}
+		v = snapValues{
+			win:   sn.win.Load(),
+			base:  sn.base.Load(),
+			share: math.Float64frombits(sn.share.Load()),
+			lag:   math.Float64frombits(sn.lag.Load()),
+			dith:  math.Float64frombits(sn.dith.Load()),
+		}
+		if sn.seq.Load() == s {
+			return v, v.win != 0
+		}
+	}
+	return v, false // a sync is writing right now: decide by the plain rule
+}
+
+func (sn *snapshot) store(v snapValues) {
+	sn.seq.Add(1)
+	sn.win.Store(v.win)
+	sn.base.Store(v.base)
+	sn.share.Store(math.Float64bits(v.share))
+	sn.lag.Store(math.Float64bits(v.lag))
+	sn.dith.Store(math.Float64bits(v.dith))
+	sn.seq.Add(1)
+}
+
+// shareState is a counter's share-policy state, allocated at its first
+// sync under the share policy.
+type shareState struct {
+	snap snapshot
+	st   shareStats // guarded by the entry's mutex
+}
+
+// shareStats is a counter's record of its syncs, for the share policy.
+// Guarded by the entry's mutex.
+type shareStats struct {
+	at      int64   // instant of the last sync (ns), 0: none yet
+	win     int64   // window of the last sync's current counter
+	total   int64   // the store's total of that window then
+	ownAvg  float64 // running average of this node's increments per sync
+	allAvg  float64 // running average of the cluster's increments per sync
+	rate    float64 // the other nodes' admissions per ns, recently
+	period  float64 // running average of the time between syncs (ns)
+	samples int     // syncs averaged so far
+}
+
+// shareRoom returns what the share policy allows at counts prev and cur
+// (this node's view) in window win, el into it: the cost still allowed
+// (share of the free quota plus dither, minus own), and whether the share
+// policy applies at all.
+func (r *Rule) shareRoom(v snapValues, prev, cur, win, el int64) (room float64, ok bool) {
+	if v.share >= 1 {
+		return 0, false
+	}
+	weight := 0.0
+	if !r.fixed {
+		weight = float64(r.w-el) * r.invW
+	}
+	var known, own, lag float64
+	switch win - v.win {
+	case 0:
+		own, known, lag = float64(cur-v.base), float64(prev)*weight+float64(v.base), v.lag
+	case 1:
+		own = float64(cur) + float64(prev-v.base)*weight
+		known, lag = float64(v.base)*weight, v.lag*weight
+	default:
+		own = float64(cur) + float64(prev)*weight
+	}
+	return v.share*(r.limitF-known-lag) + v.dith - own, true
+}
+
+// settleShare updates rule i's share statistics after a sync at now that
+// read the store's totals cur (window win) and, when prevRead, prev
+// (window win−1), having pushed ownCur and ownPrev; then it publishes the
+// snapshot decisions use. Call with e.mu held.
+func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead bool, ownCur, ownPrev int64) {
+	x := e.s[i].share.Load()
+	if x == nil {
+		x = new(shareState)
+		e.s[i].share.Store(x)
+	}
+	st := &x.st
+	r := &t.rules[i]
+	var others int64
+	known := true
+	switch {
+	case st.at == 0:
+		known = false
+	case st.win == win:
+		others = cur - st.total - ownCur
+	case st.win == win-1 && prevRead:
+		others = (prev - st.total - ownPrev) + (cur - ownCur)
+	default:
+		known = false
+	}
+	if known && now > st.at {
+		dt := float64(now - st.at)
+		o := float64(max(others, 0))
+		own := float64(ownCur + ownPrev)
+		if st.samples == 0 || st.period == 0 {
+			if st.samples == 0 {
+				st.ownAvg, st.allAvg = own, own+o
+			}
+			st.rate, st.period = o/dt, dt
+		} else {
+			// A plain average over the first syncs, then a running one.
+			a := max(1/float64(st.samples+1), shareAlpha)
+			st.ownAvg += a * (own - st.ownAvg)
+			st.allAvg += a * (own + o - st.allAvg)
+			st.rate += rateAlpha * (o/dt - st.rate)
+			st.period += 0.25 * (dt - st.period)
+		}
+		st.samples++
+	}
+	st.at, st.win, st.total = now, win, cur
+	v := snapValues{win: win, base: e.c[i].base.Load(), share: 1}
+	if st.samples >= 1 && st.allAvg > 0 && st.ownAvg < st.allAvg {
+		share := max(st.ownAvg/st.allAvg, shareMin)
+		// This node's admissions per sync period when the key runs at the
+		// limit: too few, and a share of them means nothing.
+		lag := st.rate * st.period * lagFactor
+		// The quota left once the others' unpushed admissions are counted:
+		// while it holds more than what the cluster admits in a few sync
+		// periods, no node can run it out before the next sync, and the
+		// plain rule decides (no false denials under the limit).
+		weight := 0.0
+		if !r.fixed {
+			_, el := WindowOf(now, r.w)
+			weight = float64(r.w-el) * r.invW
+		}
+		headroom := r.limitF - float64(e.c[i].prev.Load())*weight - float64(cur) - lag
+		if share*r.limitF*st.period*r.invW >= shareMinCount && headroom < headroomFactor*st.allAvg {
+			v.share = share
+			v.lag = lag
+			v.dith = t.rng.Float64()
+		}
+	}
+	x.snap.store(v)
+}
+
+// shareRetry returns how long from el into the window until a request of
+// cost n fits the share policy's room, if nothing is admitted meanwhile:
+// the free quota grows as the previous window slides out, and resets at
+// the window's end. At least 1 µs.
+func (r *Rule) shareRetry(v snapValues, room float64, prev, el, n int64) int64 {
+	need := float64(n) - room
+	if need <= 0 {
+		return 0
+	}
+	d := r.w - el
+	if !r.fixed && prev > 0 {
+		if t := need / (v.share * float64(prev) * r.invW); t < float64(d) {
+			d = int64(math.Ceil(t))
+		}
+	}
+	return max(d, 1000)
+}
+
+// shareRoomOf returns the share policy's room for rule i of e, as
+// shareRoom, reading the counter's snapshot.
+func (t *Table) shareRoomOf(e *Entry, i int, prev, cur, win, el int64) (snapValues, float64, bool) {
+	x := e.s[i].share.Load()
+	if x == nil {
+		return snapValues{}, 0, false
+	}
+	v, ok := x.snap.load()
+	if !ok {
+		return v, 0, false
+	}
+	room, ok := t.rules[i].shareRoom(v, prev, cur, win, el)
+	return v, room, ok
+}
