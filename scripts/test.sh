@@ -65,3 +65,9 @@ go run "$STATICCHECK" "${pkgs[@]}"
 
 echo "== go test -race"
 go test -race -count=1 -timeout 8m "${pkgs[@]}"
+
+# The simulation's accuracy tests replay millions of decisions in virtual
+# time on one goroutine: deterministic, and minutes long under the race
+# detector, so they build only without it (//go:build !race) and run here.
+echo "== go test (simulation accuracy, without -race)"
+go test -count=1 -timeout 5m -run 'Accuracy|SmallLimit' ./sim/

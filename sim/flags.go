@@ -74,6 +74,8 @@ type options struct {
 	Plot         string
 	Bucket       time.Duration
 	Warmup       time.Duration
+	Small        bool
+	Policy       hybridlimit.AsyncPolicy // of -target
 	Quiet        bool
 	Prefix       string
 	Spread       string  // spreadRR or spreadHash
@@ -126,6 +128,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.Plot, "plot", "", "write a chart to `FILE` (.svg or .png)")
 	fs.DurationVar(&o.Bucket, "bucket", time.Second, "time step of the admitted-per-second series in the chart")
 	fs.DurationVar(&o.Warmup, "warmup", 0, "leave the run's first `DURATION` out of the accuracy figures (overshoot, false denials, peak): requests are still decided, by the nodes and the reference")
+	fs.BoolVar(&o.Small, "small", true, "after the table, compare the async policies on a small limit (a tenth of the first rule's), at 2× and 0.8× load: where a node sees a handful of requests per sync")
+	policy := fs.String("policy", "share", "async `policy` of -target: share or naive")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no progress on stderr")
 	fs.StringVar(&o.Prefix, "prefix", "", "store key `prefix` of the run (default: random per run), one per configuration with a suffix")
 	fs.StringVar(&o.Spread, "spread", spreadRR, "how requests are spread over the nodes: rr (round robin) or hash (by a hash of the key: a key keeps to one node while the nodes present do not change)")
@@ -176,6 +180,17 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			return nil, err
 		}
 		o.HasTarget = true
+	}
+	switch *policy {
+	case "share":
+		o.Policy = hybridlimit.Share
+	case "naive":
+		o.Policy = hybridlimit.Naive
+	default:
+		return nil, usagef("-policy %q is not share or naive", *policy)
+	}
+	if set["policy"] && !set["target"] {
+		return nil, usagef("-policy chooses the policy of -target; with -modes, write async:RATE (share) or naive:RATE")
 	}
 	if err := checkCombinations(o, set); err != nil {
 		return nil, err

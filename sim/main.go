@@ -64,6 +64,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = writeJSON(stdout, reports)
 	} else {
 		err = writeTable(stdout, o, reports)
+		if err == nil && o.Small && o.Trace == "" && !o.Realtime {
+			err = writeSmall(stdout, o, stderr)
+		}
 	}
 	if err == nil && o.Plot != "" {
 		err = writePlot(o.Plot, o, reports)

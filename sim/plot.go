@@ -55,21 +55,26 @@ func writePlot(file string, o *options, reports []*report) error {
 
 func overshootPlot(o *options, reports []*report) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Overshoot vs sync rate (%d nodes, %s)", o.Nodes, o.Pattern)
+	p.Title.Text = fmt.Sprintf("Admitted over the ideal vs sync rate (%d nodes, %s)", o.Nodes, o.Pattern)
 	p.X.Label.Text = "sync rate (ms, log scale)"
-	p.Y.Label.Text = "overshoot over the ideal (%)"
+	p.Y.Label.Text = "admitted over the ideal (%; below 0: under-admission)"
 	p.Legend.Top = true
 	p.Legend.Left = true
 	p.Add(plotter.NewGrid())
-	var pts plotter.XYs
+	// One line per async policy.
+	byPolicy := map[string]plotter.XYs{}
+	var policies []string
 	lo, hi := 1e18, 0.0
 	for _, r := range reports {
 		if r.Mode == "async" {
-			pts = append(pts, plotter.XY{X: r.SyncRateMs, Y: r.OvershootPct})
+			if _, ok := byPolicy[r.Policy]; !ok {
+				policies = append(policies, r.Policy)
+			}
+			byPolicy[r.Policy] = append(byPolicy[r.Policy], plotter.XY{X: r.SyncRateMs, Y: r.OvershootPct})
 			lo, hi = min(lo, r.SyncRateMs), max(hi, r.SyncRateMs)
 		}
 	}
-	if len(pts) == 0 {
+	if len(policies) == 0 {
 		lo, hi = 1, 1000
 	}
 	if lo == hi {
@@ -78,22 +83,23 @@ func overshootPlot(o *options, reports []*report) (*plot.Plot, error) {
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.X.Min, p.X.Max = lo/1.5, hi*1.5
-	if len(pts) > 0 {
+	for k, pol := range policies {
+		pts := byPolicy[pol]
 		sortXY(pts)
 		line, points, err := plotter.NewLinePoints(pts)
 		if err != nil {
 			return nil, err
 		}
-		line.Color, points.Color = plotutil.Color(0), plotutil.Color(0)
+		line.Color, points.Color = plotutil.Color(k), plotutil.Color(k)
 		line.Width = vg.Points(2)
 		p.Add(line, points)
-		p.Legend.Add("async", line, points)
+		p.Legend.Add("async, "+pol+" policy", line, points)
 		labels, err := plotter.NewLabels(plotter.XYLabels{XYs: pts, Labels: pctLabels(pts)})
 		if err == nil {
 			p.Add(labels)
 		}
 	}
-	k := 1
+	k := len(policies)
 	for _, r := range reports {
 		if r.Mode == "async" {
 			continue
@@ -115,6 +121,11 @@ func overshootPlot(o *options, reports []*report) (*plot.Plot, error) {
 		top = max(top, r.OvershootPct)
 	}
 	p.Y.Max = max(top*1.3, 1)
+	bottom := 0.0
+	for _, r := range reports {
+		bottom = min(bottom, r.OvershootPct)
+	}
+	p.Y.Min = min(bottom*1.3, -1)
 	return p, nil
 }
 

@@ -158,7 +158,7 @@ func writeJSON(w io.Writer, reports []*report) error {
 func writeTable(w io.Writer, o *options, reports []*report) error {
 	writeHeader(w, o)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "config\trequests\tadmitted\tideal\tovershoot %\tfalse-deny %\tpeak/limit\tideal peak\tstore calls\tkeys pushed\t")
+	fmt.Fprintln(tw, "config\trequests\tadmitted\tideal\tover/under %\tfalse-deny %\tpeak/limit\tideal peak\tstore calls\tkeys pushed\t")
 	for _, r := range reports {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%+.2f\t%.3f\t%.3f\t%.3f\t%d\t%d\t\n",
 			r.label, r.Requests, r.Admitted, r.Ideal, r.OvershootPct, r.FalseDenyPct, r.PeakWindowRatio, r.IdealPeakRatio, r.StoreCalls, r.KeysPushed)
@@ -179,7 +179,7 @@ func writeTable(w io.Writer, o *options, reports []*report) error {
 			}
 		}
 	}
-	_, err := fmt.Fprintf(w, "\novershoot = (admitted − ideal) / ideal; ideal = one exact global limiter fed the same requests;\nfalse-deny = denied by the nodes but admitted by the ideal, over all requests;\npeak/limit = most admitted in any interval of one window (sliding log), over the limit;\nideal peak = the same for the ideal's admissions (the sliding-window estimate itself allows a little over 1).\n")
+	_, err := fmt.Fprintf(w, "\nover/under = (admitted − ideal) / ideal, below 0 when the nodes admit less; ideal = one exact global limiter fed the same requests;\nnaive:RATE and async:RATE are the async mode's naive and share policies (Config.AsyncPolicy);\nfalse-deny = denied by the nodes but admitted by the ideal, over all requests;\npeak/limit = most admitted in any interval of one window (sliding log), over the limit;\nideal peak = the same for the ideal's admissions (the sliding-window estimate itself allows a little over 1).\n")
 	return err
 }
 

@@ -13,7 +13,7 @@ import (
 
 // runTarget is -target: the search, then its table (or JSON) and chart.
 func runTarget(o *options, stdout, stderr io.Writer) error {
-	res, err := searchTarget(o, modeSpec{Mode: hybridlimit.ModeAsync}, stderr)
+	res, err := searchTarget(o, modeSpec{Mode: hybridlimit.ModeAsync, Policy: o.Policy}, stderr)
 	if err != nil {
 		return err
 	}
