@@ -459,7 +459,10 @@ func (l *Loop) Run(stop <-chan struct{}) {
 	}
 	delay := l.cfg.Rate
 	l.stats.backoff.Store(int64(delay))
-	nextSync := now.Add(delay)
+	// The first cycle at a random point of the first period: nodes started
+	// together then sync at independent instants, as the async share
+	// policy assumes (and as is kinder to the store).
+	nextSync := now.Add(time.Duration(rand.Int64N(int64(delay))) + 1)
 	for {
 		next := nextSync
 		if l.cfg.ClockSync > 0 && nextClock.Before(next) {

@@ -1,0 +1,210 @@
+package hybridlimit
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// The share policy on a mock clock: nodes sharing a memory store, traffic
+// spread round robin at a fixed pace, each node syncing every 100ms at its
+// own phase. Everything is deterministic.
+
+const (
+	shareLimit = 400 // per second
+	shareRate  = 100 * time.Millisecond
+)
+
+// stepClock is a clock set by hand, like clock.Mock, whose Set does not
+// sleep (clock.Mock's does, a millisecond each time); the limiter reads
+// only Now when Config.Manual is set.
+type stepClock struct {
+	*clock.Mock
+	now atomic.Int64
+}
+
+func (c *stepClock) Now() time.Time      { return time.Unix(0, c.now.Load()) }
+func (c *stepClock) Set(t time.Time)     { c.now.Store(t.UnixNano()) }
+func (c *stepClock) Add(d time.Duration) { c.now.Add(int64(d)) }
+
+type shareCluster struct {
+	t     *testing.T
+	mock  *stepClock
+	store store.Store
+	nodes []*Limiter
+	skew  []time.Duration
+	next  []time.Time // each node's next sync
+	rr    int
+}
+
+func newShareCluster(t *testing.T, n int, policy AsyncPolicy, st func(*store.Memory) store.Store) *shareCluster {
+	c := &shareCluster{t: t, mock: &stepClock{Mock: clock.NewMock()}}
+	c.mock.Set(t0)
+	mem := store.NewMemory(c.mock)
+	c.store = mem
+	if st != nil {
+		c.store = st(mem)
+	}
+	for range n {
+		c.add(policy, 0)
+	}
+	return c
+}
+
+// add starts a node whose clock is skew ahead of the store's.
+func (c *shareCluster) add(policy AsyncPolicy, skew time.Duration) {
+	i := len(c.nodes)
+	l, err := New(Config{
+		Rules: []Rule{{Limit: shareLimit, Window: time.Second}}, Mode: ModeAsync, Store: c.store,
+		SyncRate: shareRate, AsyncPolicy: policy, Clock: &skewedStep{c.mock, skew},
+		Manual: true, Seed: uint64(i + 1), ClockSync: time.Hour,
+	})
+	require.NoError(c.t, err)
+	require.NoError(c.t, l.SyncClock(context.Background()))
+	c.t.Cleanup(func() { _ = l.Close(context.Background()) })
+	c.nodes = append(c.nodes, l)
+	c.skew = append(c.skew, skew)
+	// Phases spread over the period, as nodes started at independent
+	// instants would be.
+	c.next = append(c.next, c.mock.Now().Add(shareRate*time.Duration(i%4+1)/4))
+}
+
+// skewedStep is a stepClock seen from a node whose clock is skew ahead.
+type skewedStep struct {
+	*stepClock
+	skew time.Duration
+}
+
+func (c *skewedStep) Now() time.Time { return c.stepClock.Now().Add(c.skew) }
+
+// remove closes node i: it pushes what it holds and decides no more.
+func (c *shareCluster) remove(i int) {
+	require.NoError(c.t, c.nodes[i].Close(context.Background()))
+	c.nodes = append(c.nodes[:i], c.nodes[i+1:]...)
+	c.skew = append(c.skew[:i], c.skew[i+1:]...)
+	c.next = append(c.next[:i], c.next[i+1:]...)
+}
+
+// run sends requests for key every gap, round robin over the nodes, for d,
+// syncing every node on its schedule, and returns the admissions per
+// second of the run.
+func (c *shareCluster) run(key string, d, gap time.Duration) []int {
+	ctx := context.Background()
+	end := c.mock.Now().Add(d)
+	perSecond := make([]int, int((d+time.Second-1)/time.Second))
+	start := c.mock.Now()
+	for now := c.mock.Now(); now.Before(end); now = now.Add(gap) {
+		c.mock.Set(now)
+		for i, l := range c.nodes {
+			for !c.next[i].After(now) {
+				_ = l.Sync(ctx) // a failing store is part of some tests
+				c.next[i] = c.next[i].Add(shareRate)
+			}
+		}
+		l := c.nodes[c.rr%len(c.nodes)]
+		c.rr++
+		res, err := l.Allow(ctx, key)
+		require.NoError(c.t, err)
+		if res.Allowed {
+			perSecond[int(now.Sub(start)/time.Second)]++
+		}
+	}
+	return perSecond
+}
+
+func sum(xs []int) (n int) {
+	for _, x := range xs {
+		n += x
+	}
+	return n
+}
+
+// assertNear checks that the admissions per second, after the first
+// seconds, are within frac of the limit on average.
+func assertNear(t *testing.T, perSecond []int, skip int, frac float64, what string) {
+	t.Helper()
+	got := float64(sum(perSecond[skip:])) / float64(len(perSecond)-skip)
+	assert.InDelta(t, shareLimit, got, frac*shareLimit, "%s: %v per second", what, perSecond)
+}
+
+func TestShareConvergesOnTheLimit(t *testing.T) {
+	// 4 nodes, 2× the limit, round robin. The naive policy overshoots by
+	// about (3/4)·τ/W ≈ 7.5%; the share policy spends what is free.
+	naive := newShareCluster(t, 4, Naive, nil).run("k", 10*time.Second, time.Second/(2*shareLimit))
+	share := newShareCluster(t, 4, Share, nil).run("k", 10*time.Second, time.Second/(2*shareLimit))
+	t.Logf("naive %v\nshare %v", naive, share)
+	assertNear(t, share, 2, 0.02, "share")
+	assert.Greater(t, float64(sum(naive[2:]))/8, 1.04*shareLimit, "naive overshoots: %v", naive)
+}
+
+func TestShareFollowsNodesJoiningAndLeaving(t *testing.T) {
+	c := newShareCluster(t, 2, Share, nil)
+	gap := time.Second / (2 * shareLimit)
+	two := c.run("k", 5*time.Second, gap)
+	c.add(Share, 0)
+	c.add(Share, 0)
+	four := c.run("k", 5*time.Second, gap)
+	c.remove(3)
+	c.remove(2)
+	back := c.run("k", 5*time.Second, gap)
+	t.Logf("2 nodes %v\n4 nodes %v\n2 again %v", two, four, back)
+	assertNear(t, two, 2, 0.03, "two nodes")
+	assertNear(t, four, 2, 0.03, "after two joined")
+	assertNear(t, back, 2, 0.03, "after two left")
+}
+
+// While the store is down, each node keeps admitting its share of the
+// limit, instead of the limit each once its last sync has slid out.
+func TestShareDuringAnOutage(t *testing.T) {
+	var down *flaky
+	for _, policy := range []AsyncPolicy{Naive, Share} {
+		c := newShareCluster(t, 4, policy, func(m *store.Memory) store.Store {
+			down = &flaky{Store: m}
+			return down
+		})
+		gap := time.Second / (2 * shareLimit)
+		c.run("k", 5*time.Second, gap)
+		down.down.Store(true)
+		outage := c.run("k", 5*time.Second, gap)
+		down.down.Store(false)
+		after := c.run("k", 3*time.Second, gap)
+		t.Logf("%v: outage %v, after %v", policy, outage, after)
+		if policy == Naive {
+			assert.Greater(t, float64(sum(outage[2:]))/3, 2*shareLimit*0.9, "naive: every node admits the limit")
+			continue
+		}
+		assertNear(t, outage, 1, 0.05, "share, store down")
+		assertNear(t, after, 1, 0.03, "share, store back")
+	}
+}
+
+// Clocks that differ between nodes: windows follow the store's clock.
+func TestShareWithSkewedClocks(t *testing.T) {
+	c := newShareCluster(t, 0, Share, nil)
+	for _, s := range []time.Duration{-50, -20, 20, 50} {
+		c.add(Share, s*time.Millisecond)
+	}
+	got := c.run("k", 10*time.Second, time.Second/(2*shareLimit))
+	t.Log(got)
+	assertNear(t, got, 2, 0.02, "skewed clocks")
+}
+
+// Under the limit the share policy denies nothing.
+func TestShareUnderTheLimit(t *testing.T) {
+	for i, gap := range []time.Duration{time.Second / (shareLimit * 8 / 10), time.Second / (shareLimit * 95 / 100)} {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			c := newShareCluster(t, 4, Share, nil)
+			got := c.run("k", 8*time.Second, gap)
+			want := int(8 * time.Second / gap)
+			assert.InDelta(t, want, sum(got), 1, "every request admitted: %v", got)
+		})
+	}
+}
