@@ -57,6 +57,7 @@ type Collector struct {
 
 	decisions, degraded, overflow, keys, evicted, pending, dropped *prometheus.Desc
 	cycles, errors, calls, pushed, lastLatency, failing, offset    *prometheus.Desc
+	period, cycleTime, cycleKeys, inDoubt                          *prometheus.Desc
 }
 
 // NewCollector returns a collector without a limiter: wire its ObserveSync
@@ -100,6 +101,10 @@ func NewCollector(opts Options) *Collector {
 	c.lastLatency = d("last_sync_duration_seconds", "Round-trip time of the last successful sync cycle.")
 	c.failing = d("store_failing", "1 when the last store call failed, 0 otherwise.")
 	c.offset = d("clock_offset_seconds", "The store's clock minus this node's clock, as last measured.")
+	c.period = d("sync_period_seconds", "Time between the starts of the last two sync cycles: the configured SyncRate while the loop keeps up, more when it lags or backs off.")
+	c.cycleTime = d("sync_cycle_seconds", "Duration of the last sync cycle (taking, pushing and settling every touched key).")
+	c.cycleKeys = d("sync_cycle_keys", "Keys the last sync cycle handled.")
+	c.inDoubt = d("sync_batches_in_doubt", "Batches sent to the store whose answer was lost; they are sent again until the store answers.")
 	return c
 }
 
@@ -140,7 +145,8 @@ func NewLimiter(cfg hybridlimit.Config, opts Options) (*hybridlimit.Limiter, *Co
 // Describe sends the descriptors of every metric the collector exports.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.decisions, c.degraded, c.overflow, c.keys, c.evicted, c.pending, c.dropped,
-		c.cycles, c.errors, c.calls, c.pushed, c.lastLatency, c.failing, c.offset} {
+		c.cycles, c.errors, c.calls, c.pushed, c.lastLatency, c.failing, c.offset,
+		c.period, c.cycleTime, c.cycleKeys, c.inDoubt} {
 		ch <- d
 	}
 	c.latency.Describe(ch)
@@ -179,4 +185,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(c.failing, failing)
 	gauge(c.offset, s.ClockOffset.Seconds())
+	gauge(c.period, s.SyncPeriod.Seconds())
+	gauge(c.cycleTime, s.SyncCycleTime.Seconds())
+	gauge(c.cycleKeys, float64(s.SyncCycleKeys))
+	gauge(c.inDoubt, float64(s.InDoubt))
 }

@@ -210,6 +210,8 @@ func Example() {
 	// hybridlimit_store_calls_total limiter=api 1
 	// hybridlimit_store_errors_total limiter=api 0
 	// hybridlimit_store_failing limiter=api 0
+	// hybridlimit_sync_batches_in_doubt limiter=api 0
+	// hybridlimit_sync_cycle_keys limiter=api 1
 	// hybridlimit_sync_cycles_total limiter=api 1
 	// hybridlimit_sync_duration_seconds limiter=api,result=error count 0
 	// hybridlimit_sync_duration_seconds limiter=api,result=ok count 1
