@@ -9,9 +9,10 @@ import (
 	"github.com/hybridlimit/hybridlimit/store"
 )
 
-// The quick start of README.md: four rules per key, decided on this node's
-// counters and synced with the cluster every 100ms. Here the store is the
-// in-memory one; in a cluster it is store.NewRedis(client, store.RedisOptions{}).
+// Four rules per key, decided on this node's counters and synced with the
+// cluster every 100ms. Here the store is the in-memory one; in a cluster it
+// is store.NewRedis(client, store.RedisOptions{}), as in README.md's quick
+// start.
 func Example() {
 	limiter, err := hybridlimit.New(hybridlimit.Config{
 		Rules: []hybridlimit.Rule{
