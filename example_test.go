@@ -9,9 +9,10 @@ import (
 	"github.com/hybridlimit/hybridlimit/store"
 )
 
-// The quick start of README.md: four rules per key, decided on this node's
-// counters and synced with the cluster every 100ms. Here the store is the
-// in-memory one; in a cluster it is store.NewRedis(client).
+// Four rules per key, decided on this node's counters and synced with the
+// cluster every 100ms. Here the store is the in-memory one; in a cluster it
+// is store.NewRedis(client, store.RedisOptions{}), as in README.md's quick
+// start.
 func Example() {
 	limiter, err := hybridlimit.New(hybridlimit.Config{
 		Rules: []hybridlimit.Rule{
@@ -21,7 +22,7 @@ func Example() {
 			{Limit: 800, Window: 24 * time.Hour},
 		},
 		Mode:     hybridlimit.ModeAsync,
-		Store:    store.NewMemory(nil), // store.NewRedis(redisClient) in a cluster
+		Store:    store.NewMemory(nil), // store.NewRedis(rdb, store.RedisOptions{}) in a cluster
 		SyncRate: 100 * time.Millisecond,
 	})
 	if err != nil {

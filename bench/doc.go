@@ -9,7 +9,7 @@
 // BenchmarkDistributed, BenchmarkSync, BenchmarkMemory), whose names encode
 // their parameters for benchstat, and a smoke test that checks every peer
 // adapter admits exactly its limit. The command bench/report runs the
-// benchmarks and prints the markdown tables of README.md's performance section:
+// benchmarks and prints the markdown tables of docs/performance.md:
 //
 //	go run ./bench/report
 //

@@ -133,7 +133,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.Quiet, "quiet", false, "no progress on stderr")
 	fs.StringVar(&o.Prefix, "prefix", "", "store key `prefix` of the run (default: random per run), one per configuration with a suffix")
 	fs.StringVar(&o.Spread, "spread", spreadRR, "how requests are spread over the nodes: rr (round robin) or hash (by a hash of the key: a key keeps to one node while the nodes present do not change)")
-	fs.StringVar(&o.Trace, "trace", "", "replay the requests of `FILE` instead of generating traffic: CSV timestamp,key; JSON lines {\"ts\":...,\"key\":\"...\"}; or a web server's access log (Common/Combined Log Format, keyed by client address); see docs/sim-trace.md")
+	fs.StringVar(&o.Trace, "trace", "", "replay the requests of `FILE` instead of generating traffic: CSV timestamp,key; JSON lines {\"ts\":...,\"key\":\"...\"}; or a web server's access log (Common/Combined Log Format, keyed by client address); see docs/simulation.md")
 	fs.BoolVar(&o.TraceSkipBad, "trace-skip-bad", false, "skip and count the trace's malformed lines instead of stopping at the first one")
 	fs.StringVar(&o.WriteTrace, "write-trace", "", "write the traffic of -pattern to `FILE` as CSV (timestamp,key) and exit, running nothing; -trace FILE replays it")
 	target := fs.String("target", "", "find the slowest async sync rate whose admitted total stays within +`P` of the exact reference, e.g. 1%; prints the rates tried and their store calls/s")

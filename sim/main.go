@@ -1,8 +1,8 @@
 // Command sim runs N real hybridlimit limiters sharing one store, in
 // virtual time, beside an exact reference limiter fed the same requests,
 // and reports what each mode and sync rate costs in accuracy and in store
-// calls. Run it with no flags for the default scenario; see -h and the
-// simulation section of README.md.
+// calls. Run it with no flags for the default scenario; see -h and
+// docs/simulation.md.
 package main
 
 import (

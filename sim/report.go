@@ -12,7 +12,8 @@ import (
 )
 
 // report is the outcome of one configuration. The JSON names of the first
-// fields are fixed by the issue; the others are extras.
+// fields are the stable interface (tests and scripts read them); the
+// others may grow.
 type report struct {
 	Nodes           int     `json:"nodes"`
 	Mode            string  `json:"mode"`

@@ -16,7 +16,7 @@ import (
 )
 
 // traceFormat is the format of a trace file, detected from its first
-// request line (see docs/sim-trace.md).
+// request line (see docs/simulation.md).
 type traceFormat int
 
 const (

@@ -1,7 +1,8 @@
 // Command report runs hybridlimit's side-by-side benchmarks (the bench
 // module) and prints their results as markdown: one table per family with
 // ns/op, allocs/op and the ratio of each peer to hybridlimit measured in the
-// same run, then the targets, met or missed.
+// same run, then the project's performance goals and whether this run
+// meets each.
 //
 // Run it from the repository root (or from bench/):
 //
@@ -346,7 +347,7 @@ func printReport(w io.Writer, res []*result, cpu string, took time.Duration, ben
 		}
 		fmt.Fprintln(w)
 	}
-	targets(w, res)
+	goals(w, res)
 }
 
 // table prints one family: a row per result, grouped by case, with the ratio
@@ -417,18 +418,18 @@ func table(w io.Writer, res []*result, family string, refs, extra []string) {
 	fmt.Fprintln(w)
 }
 
-// targets checks the targets against this run.
-func targets(w io.Writer, res []*result) {
-	fmt.Fprintln(w, "### Targets")
+// goals checks the project's performance goals against this run.
+func goals(w io.Writer, res []*result) {
+	fmt.Fprintln(w, "### Performance goals")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| target | measured | met |")
+	fmt.Fprintln(w, "| goal | measured | met |")
 	fmt.Fprintln(w, "| --- | --- | --- |")
-	row := func(target, measured string, ok bool) {
+	row := func(goal, measured string, ok bool) {
 		m := "yes"
 		if !ok {
 			m = "**no**"
 		}
-		fmt.Fprintf(w, "| %s | %s | %s |\n", target, measured, m)
+		fmt.Fprintf(w, "| %s | %s | %s |\n", goal, measured, m)
 	}
 	async := findP(res, "Local", "hybridlimit-async", "keys", "1", "rules", "1", "procs", "1")
 	if async != nil {
