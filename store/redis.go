@@ -176,17 +176,22 @@ func (s *Redis) lanes(n int, lane func(i int) int, f func(items []int)) {
 	wg.Wait()
 }
 
-// exec runs a pipeline of one script call per item, sending the whole
-// script once where the server does not have it cached, and returns the
-// commands.
-func (s *Redis) exec(ctx context.Context, script *redis.Script, items []int, args func(i int) ([]string, []any)) []*redis.Cmd {
+// exec runs a pipeline of one script call per item, and returns the
+// commands. With whole, every call carries the script's text (EVAL);
+// otherwise its hash (EVALSHA), and the calls that the server answers
+// NOSCRIPT go again with the text in a second pipeline.
+func (s *Redis) exec(ctx context.Context, script *redis.Script, whole bool, items []int, args func(i int) ([]string, []any)) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(items))
 	keys := make([][]string, len(items))
 	argv := make([][]any, len(items))
 	pipe := s.c.Pipeline()
 	for k, i := range items {
 		keys[k], argv[k] = args(i)
-		cmds[k] = script.EvalSha(ctx, pipe, keys[k], argv[k]...)
+		if whole {
+			cmds[k] = script.Eval(ctx, pipe, keys[k], argv[k]...)
+		} else {
+			cmds[k] = script.EvalSha(ctx, pipe, keys[k], argv[k]...)
+		}
 	}
 	s.calls.Add(1)
 	_, _ = pipe.Exec(ctx)
@@ -219,9 +224,21 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 	s.lanes(len(batches), func(i int) int { return batches[i].Group % s.o.Lanes }, func(items []int) {
 		var send []int
 		addrs := make(map[int]string, len(items))
+		// One breaker decision per server and call: a circuit that opens or
+		// half-opens during the call must not refuse an older batch of a
+		// group and let a newer one through, which the older one's marker
+		// would then take for applied.
+		allowed := map[int]bool{}
 		for _, i := range items {
 			b := batches[i]
-			addr, ok := s.allow(ctx, b.Group)
+			ok, seen := allowed[b.Group]
+			addr := ""
+			if !seen {
+				addr, ok = s.allow(ctx, b.Group)
+				allowed[b.Group] = ok
+			} else if ok {
+				addr = s.server(ctx, b.Group)
+			}
 			if !ok {
 				b.Status, b.Err = Failed, errOpen
 				continue
@@ -232,7 +249,9 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 		if len(send) == 0 {
 			return
 		}
-		cmds := s.exec(ctx, pushScript, send, func(i int) ([]string, []any) {
+		// EVAL, not EVALSHA: a server without the script cached would fail
+		// one batch and run the next of its group, out of order.
+		cmds := s.exec(ctx, pushScript, true, send, func(i int) ([]string, []any) {
 			b := batches[i]
 			keys := make([]string, 1+len(b.Ops))
 			keys[0] = markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node)
@@ -381,7 +400,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 		if len(send) == 0 {
 			return
 		}
-		cmds := s.exec(ctx, takeScript, send, func(i int) ([]string, []any) {
+		cmds := s.exec(ctx, takeScript, false, send, func(i int) ([]string, []any) {
 			c := calls[i]
 			rules := c.reqs[0].Rules
 			keys := make([]string, 0, 1+2*len(rules)*len(c.reqs))

@@ -256,9 +256,21 @@ func (l *Loop) send(ctx context.Context, entries []*local.Entry, final bool) res
 	now := l.cfg.Now()
 	batches := append([]*batch(nil), l.doubt...)
 	l.doubt = l.doubt[:0]
+	// A group with a batch in doubt gets no new batch until an answer
+	// resolves it: the store applies a group's batches in order, and an
+	// error on the old one beside an applied new one would make the old
+	// one look applied when sent again.
+	held := map[int]bool{}
+	for _, b := range batches {
+		held[b.sb.Group] = true
+	}
 	open := map[int]*batch{}
 	for _, e := range entries {
 		g := l.cfg.Store.Group(e.Key())
+		if held[g] {
+			l.cfg.Table.Requeue(e) // its increments wait, counted, for the next cycle
+			continue
+		}
 		b := open[g]
 		if b == nil || len(b.pushes) >= maxOps {
 			b = l.newBatch(g)
