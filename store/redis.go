@@ -163,15 +163,22 @@ func (s *Redis) lanes(n int, lane func(i int) int, f func(items []int)) {
 		per[l] = append(per[l], i)
 	}
 	var wg sync.WaitGroup
+	var last []int
 	for _, items := range per {
 		if len(items) == 0 {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f(items)
-		}()
+		if last != nil {
+			wg.Add(1)
+			go func(items []int) {
+				defer wg.Done()
+				f(items)
+			}(last)
+		}
+		last = items
+	}
+	if last != nil {
+		f(last) // the last lane on this goroutine: one call waits for no scheduling
 	}
 	wg.Wait()
 }
