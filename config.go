@@ -110,6 +110,11 @@ const (
 	MaxLimit = 1 << 40
 	// MaxWindow is the longest Rule.Window.
 	MaxWindow = 366 * 24 * time.Hour
+	// MaxBuckets is the most buckets of a Bucketed rule.
+	MaxBuckets = 64
+	// MaxLogLimit is the largest Limit of a Log rule, which keeps 8 bytes
+	// per unit of cost per key.
+	MaxLogLimit = 1 << 16
 	// MaxKeyLenCap is the largest Config.MaxKeyLen.
 	MaxKeyLenCap = 1 << 16
 )
@@ -249,8 +254,8 @@ func (c Config) validate() (Config, error) {
 			return c, err
 		}
 		for j := range i {
-			if c.Rules[j].Window == r.Window {
-				return c, fmt.Errorf("hybridlimit: Config.Rules[%d].Window %v repeats Config.Rules[%d].Window; use one rule per window", i, r.Window, j)
+			if sameCounters(c.Rules[j], r) {
+				return c, fmt.Errorf("hybridlimit: Config.Rules[%d] (%v) counts like Config.Rules[%d] (%v); use one rule per window and algorithm", i, r, j, c.Rules[j])
 			}
 		}
 	}
@@ -272,6 +277,13 @@ func (c Config) validate() (Config, error) {
 		}
 		if c.SyncRate < time.Millisecond || c.SyncRate > time.Hour {
 			return c, fmt.Errorf("hybridlimit: Config.SyncRate is %v, want 1ms to 1h", c.SyncRate)
+		}
+		for i, r := range c.Rules {
+			if r.Type == Bucketed && r.Window/time.Duration(r.Buckets) < c.SyncRate {
+				// A sync per bucket at least: a counter keeps the
+				// increments of one closed bucket besides the last.
+				return c, fmt.Errorf("hybridlimit: Config.Rules[%d] has buckets of %v, shorter than Config.SyncRate %v: in ModeAsync a bucket lasts at least a sync period", i, r.Window/time.Duration(r.Buckets), c.SyncRate)
+			}
 		}
 	} else if c.SyncRate != 0 {
 		return c, fmt.Errorf("hybridlimit: Config.SyncRate is %v, but only ModeAsync syncs periodically; leave it zero in Config.Mode %v", c.SyncRate, c.Mode)

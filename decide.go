@@ -19,7 +19,7 @@ var (
 	// Config.MaxKeyLen.
 	ErrKeyTooLong = errors.New("hybridlimit: key too long")
 	// ErrCost is wrapped by the error returned for a cost below 1 or above
-	// the smallest limit.
+	// what some rule admits at once (its Limit, or a bucket's Burst).
 	ErrCost = errors.New("hybridlimit: invalid cost")
 )
 
@@ -46,6 +46,10 @@ type Result struct {
 	// ResetAfter is how long until that rule is back to its full limit, if
 	// nothing else is admitted meanwhile.
 	ResetAfter time.Duration
+	// Delay is how long an admitted request must wait before it proceeds:
+	// its turn in a LeakyBucket rule's queue (the longest, with several).
+	// Zero for the other algorithms, and when denied. WaitN waits it.
+	Delay time.Duration
 }
 
 // result turns a decision of package local into a Result.
@@ -59,6 +63,7 @@ func (l *Limiter) result(d local.Decision) Result {
 		Remaining:  d.Remaining,
 		RetryAfter: time.Duration(d.RetryAfter),
 		ResetAfter: time.Duration(d.ResetAfter),
+		Delay:      time.Duration(d.Delay),
 	}
 }
 
@@ -91,7 +96,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 	}
 	r := &l.cfg.Rules[d.Rule]
 	return Result{Allowed: d.Allowed, Rule: d.Rule, Limit: r.Limit, Window: r.Window, Remaining: d.Remaining,
-		RetryAfter: time.Duration(d.RetryAfter), ResetAfter: time.Duration(d.ResetAfter)}, nil
+		RetryAfter: time.Duration(d.RetryAfter), ResetAfter: time.Duration(d.ResetAfter), Delay: time.Duration(d.Delay)}, nil
 }
 
 // decideLocal decides on this node's table.
@@ -135,12 +140,16 @@ func (l *Limiter) Wait(ctx context.Context, key string) (Result, error) {
 }
 
 // WaitN blocks until a request of cost n for key is admitted, and consumes
-// it. It returns an error, without waiting, if ctx's deadline comes before
-// the request could be admitted, and ctx's error if ctx is done while
-// waiting. Time is measured on the configured Clock.
+// it; for a LeakyBucket rule it then waits the request's Delay, its turn in
+// the queue. It returns an error, without waiting, if ctx's deadline comes
+// before the request could be admitted, and ctx's error if ctx is done
+// while waiting. Time is measured on the configured Clock.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error) {
 	for {
 		res, err := l.AllowN(ctx, key, n)
+		if err == nil && res.Allowed && res.Delay > 0 {
+			return res, l.sleep(ctx, res.Delay)
+		}
 		if err != nil || res.Allowed {
 			return res, err
 		}
@@ -158,6 +167,21 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error
 			return res, ErrClosed
 		case <-t.C:
 		}
+	}
+}
+
+// sleep waits d on the configured Clock, or until ctx is done or the
+// limiter closed.
+func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
+	t := l.cfg.Clock.Timer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-l.stop:
+		return ErrClosed
+	case <-t.C:
+		return nil
 	}
 }
 
@@ -184,7 +208,7 @@ func (l *Limiter) State(ctx context.Context, key string, dst []RuleState) ([]Rul
 		return dst, err
 	}
 	var counts [MaxRules]local.Counts
-	l.table.View(key, l.clock.now(), counts[:len(l.rules)])
+	l.table.View(key, l.clock.now(), 1, counts[:len(l.rules)])
 	for i := range l.rules {
 		rem, reset := l.rules[i].Level(counts[i])
 		r := &l.cfg.Rules[i]
@@ -204,7 +228,11 @@ func (l *Limiter) check(key string, n int64, op string) error {
 	case n < 1:
 		return &inputError{fmt.Sprintf("hybridlimit: %s(n=%d): cost must be at least 1", op, n), ErrCost}
 	case n > l.minLimit:
-		return &inputError{fmt.Sprintf("hybridlimit: %s(n=%d) exceeds Config.Rules[%d].Limit %d: it can never be admitted", op, n, l.minRule, l.minLimit), ErrCost}
+		field := "Limit"
+		if t := l.cfg.Rules[l.minRule].Type; t == TokenBucket || t == LeakyBucket {
+			field = "Burst"
+		}
+		return &inputError{fmt.Sprintf("hybridlimit: %s(n=%d) exceeds Config.Rules[%d].%s %d: it can never be admitted", op, n, l.minRule, field, l.minLimit), ErrCost}
 	}
 	return nil
 }

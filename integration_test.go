@@ -227,3 +227,70 @@ func TestRedisCloseFlushes(t *testing.T) {
 	assert.Greater(t, ttl, time.Hour)
 	assert.LessOrEqual(t, ttl, 2*time.Hour+time.Minute)
 }
+
+// Every algorithm is exact in the synchronous mode: 10 nodes of 50
+// goroutines each admit exactly what the rule admits in a quiet hour.
+func TestRedisSynchronousExactnessEveryAlgorithm(t *testing.T) {
+	c := redistest.Client(t)
+	for _, rule := range []hybridlimit.Rule{
+		{Limit: 300, Window: time.Hour},
+		{Limit: 300, Window: time.Hour, Type: hybridlimit.Fixed},
+		{Limit: 300, Window: time.Hour, Type: hybridlimit.Bucketed, Buckets: 60},
+		{Limit: 300, Window: time.Hour, Type: hybridlimit.Log},
+		{Limit: 300, Window: time.Hour, Type: hybridlimit.TokenBucket},
+		{Limit: 300, Window: time.Hour, Type: hybridlimit.LeakyBucket},
+	} {
+		t.Run(rule.Type.String(), func(t *testing.T) {
+			nodes := redisNodes(t, c, 10, hybridlimit.Config{Rules: []hybridlimit.Rule{rule}, Mode: hybridlimit.ModeSynchronous})
+			var admitted, degraded atomic.Int64
+			var wg sync.WaitGroup
+			for _, l := range nodes {
+				for range 50 {
+					wg.Go(func() {
+						for range 2 { // 1000 requests for 300
+							res, err := l.Allow(context.Background(), "exact")
+							if !assert.NoError(t, err) {
+								return
+							}
+							if res.Allowed {
+								admitted.Add(1)
+							}
+							if res.Degraded {
+								degraded.Add(1)
+							}
+						}
+					})
+				}
+			}
+			wg.Wait()
+			assert.Equal(t, int64(0), degraded.Load())
+			assert.Equal(t, int64(300), admitted.Load())
+		})
+	}
+}
+
+// DomainTools' log in Redis: a list of the admitted instants, newest
+// first, trimmed to the largest log limit and expiring after the longest
+// log window.
+func TestRedisLogTrimmedAndExpiring(t *testing.T) {
+	c := redistest.Client(t)
+	pfx := redistest.Prefix(t)
+	nodes := redisNodes(t, c, 1, hybridlimit.Config{Prefix: pfx, Mode: hybridlimit.ModeSynchronous, Rules: []hybridlimit.Rule{
+		{Limit: 1, Window: time.Second, Type: hybridlimit.Log}, {Limit: 5, Window: time.Minute, Type: hybridlimit.Log},
+	}})
+	ctx := context.Background()
+	for range 8 {
+		_, err := nodes[0].Allow(ctx, "client")
+		require.NoError(t, err)
+		time.Sleep(1100 * time.Millisecond / 8) // not all in one second
+	}
+	key := store.LogKey(pfx, "client")
+	n, err := c.LLen(ctx, key).Result()
+	require.NoError(t, err)
+	assert.LessOrEqual(t, n, int64(5))
+	assert.Positive(t, n)
+	ttl, err := c.PTTL(ctx, key).Result()
+	require.NoError(t, err)
+	assert.LessOrEqual(t, ttl, time.Minute)
+	assert.Greater(t, ttl, 55*time.Second)
+}

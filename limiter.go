@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/hybridlimit/hybridlimit/local"
-	"github.com/hybridlimit/hybridlimit/store"
 	syncloop "github.com/hybridlimit/hybridlimit/sync"
 )
 
@@ -67,10 +66,16 @@ func New(cfg Config) (*Limiter, error) {
 	l := &Limiter{cfg: cfg, minLimit: math.MaxInt64, stop: make(chan struct{})}
 	var longest time.Duration
 	for i, r := range cfg.Rules {
-		l.rules = append(l.rules, r.compile())
+		spec := r.spec()
+		if r.Type == Log && cfg.Mode == ModeAsync {
+			// A log cannot be merged across nodes by increments: count in
+			// buckets of at least a sync period (docs/algorithms.md).
+			spec.Kind, spec.Buckets = local.Buckets, logBuckets(r.Window, cfg.SyncRate)
+		}
+		l.rules = append(l.rules, local.NewRule(spec))
 		longest = max(longest, r.Window)
-		if r.Limit < l.minLimit {
-			l.minLimit, l.minRule = r.Limit, i
+		if r.maxCost() < l.minLimit {
+			l.minLimit, l.minRule = r.maxCost(), i
 		}
 	}
 	syncing := cfg.Mode != ModeLocal
@@ -239,13 +244,4 @@ func (l *Limiter) Close(ctx context.Context) error {
 		l.table.FlushDone()
 	})
 	return l.closeErr
-}
-
-// takeRules returns the rules as the store decides them.
-func (l *Limiter) takeRules() []store.TakeRule {
-	var out []store.TakeRule
-	for _, r := range l.cfg.Rules {
-		out = append(out, store.TakeRule{Limit: r.Limit, Window: r.Window.Milliseconds(), Fixed: r.Type == Fixed})
-	}
-	return out
 }

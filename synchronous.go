@@ -33,7 +33,7 @@ const (
 
 type synchronous struct {
 	l       *Limiter
-	rules   []store.TakeRule
+	rules   []local.Rule
 	timeout time.Duration
 
 	mu       sync.Mutex
@@ -52,7 +52,7 @@ type call struct {
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan bool, 1)} }}
 
 func newSynchronous(l *Limiter) *synchronous {
-	return &synchronous{l: l, rules: l.takeRules(), timeout: l.cfg.StoreTimeout}
+	return &synchronous{l: l, rules: l.rules, timeout: l.cfg.StoreTimeout}
 }
 
 // decide makes one decision in the store, or by the FailurePolicy when
@@ -98,12 +98,8 @@ func (s *synchronous) decide(ctx context.Context, key string, n int64, peek bool
 	// Describe the decision at the store's instant, in its microseconds,
 	// so that a request retried at RetryAfter is admitted.
 	at := us * int64(time.Microsecond)
-	var counts [MaxRules]local.Counts
-	for i := range s.rules {
-		_, el := local.WindowOf(at, int64(l.cfg.Rules[i].Window))
-		counts[i] = local.Counts{Prev: req.Counts[i].Prev, Cur: req.Counts[i].Cur, Elapsed: el}
-	}
-	l.table.Observe(key, at, counts[:len(s.rules)], req.Allowed, !peek)
+	counts := req.Counts[:len(s.rules)]
+	l.table.Observe(key, at, counts, req.Allowed, !peek)
 	if !peek && l.table.Len() >= l.cfg.MaxKeys {
 		l.overflow.Add(1) // Observe could not track the key (or just filled the table)
 	}
@@ -111,7 +107,7 @@ func (s *synchronous) decide(ctx context.Context, key string, n int64, peek bool
 	if peek && req.Allowed {
 		cost = 0 // Remaining before the request
 	}
-	return l.result(local.Summarize(l.rules, counts[:len(s.rules)], cost, req.Allowed, int64(time.Microsecond))), nil
+	return l.result(local.Summarize(l.rules, counts, cost, req.Allowed, int64(time.Microsecond))), nil
 }
 
 // do has c.req decided by the store, alone or with others.

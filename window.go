@@ -25,66 +25,191 @@ import (
 // it to its own clock, so that all nodes agree on window boundaries
 // whatever their own clocks say.
 
-// WindowType selects how a Rule counts. The zero value is Sliding.
-type WindowType uint8
+// Algorithm selects how a Rule counts. The zero value is Sliding.
+type Algorithm uint8
 
 const (
 	// Sliding estimates the count over the last Window as the current
 	// window's count plus the previous window's count weighted by how much
 	// of it the last Window still covers: 42 requests in the previous
 	// minute and 18 in this one, 15 s in, estimate 42·45/60 + 18 = 49.5.
-	Sliding WindowType = iota
+	Sliding Algorithm = iota
 	// Fixed counts requests in windows aligned to multiples of Window since
 	// the Unix epoch; the count restarts at zero at every boundary.
 	Fixed
+	// Bucketed divides Window into Rule.Buckets sub-windows, each with its
+	// own counter, and counts the last Buckets of them, the current one
+	// included: exact to a bucket, a knob between Sliding's two-window
+	// estimate and Log. In ModeAsync a bucket must last at least SyncRate.
+	Bucketed
+	// Log counts exactly the cost admitted in the last Window, keeping the
+	// instant of every unit of cost: Limit × 8 bytes per key, Limit at most
+	// MaxLogLimit. A denied request learns exactly when it fits: when the
+	// oldest counted cost leaves the window. In ModeAsync, where a log
+	// cannot be merged cheaply, a Log rule counts like Bucketed with
+	// buckets of at least SyncRate (see docs/algorithms.md).
+	Log
+	// TokenBucket admits Limit per Window as a steady rate, with bursts of
+	// up to Rule.Burst (the generic cell rate algorithm, GCRA): the same
+	// requests as golang.org/x/time/rate with the same rate and burst.
+	TokenBucket
+	// LeakyBucket queues requests so that they proceed at Limit per Window:
+	// an admitted request may have to wait Result.Delay for its turn, and
+	// a request that would wait for more than Rule.Burst others is denied.
+	// WaitN waits the delay; the HTTP middleware holds the request for it.
+	LeakyBucket
 )
 
-// String returns "sliding" or "fixed".
-func (t WindowType) String() string {
-	switch t {
+// String returns "sliding", "fixed", "bucketed", "log", "token-bucket" or
+// "leaky-bucket".
+func (a Algorithm) String() string {
+	switch a {
 	case Sliding:
 		return "sliding"
 	case Fixed:
 		return "fixed"
+	case Bucketed:
+		return "bucketed"
+	case Log:
+		return "log"
+	case TokenBucket:
+		return "token-bucket"
+	case LeakyBucket:
+		return "leaky-bucket"
 	}
-	return fmt.Sprintf("WindowType(%d)", uint8(t))
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
-// Rule admits at most Limit units of cost per Window for each key. The zero
-// value is not a valid rule.
+// Rule admits at most Limit units of cost per Window for each key, counted
+// by its Type. The zero value is not a valid rule.
 type Rule struct {
-	// Limit is the cost admitted per window, 1 to MaxLimit.
+	// Limit is the cost admitted per window, 1 to MaxLimit (a Log rule:
+	// at most MaxLogLimit). For TokenBucket and LeakyBucket, Limit per
+	// Window is the rate.
 	Limit int64
 	// Window is the window size: a whole number of milliseconds from 1ms
-	// to MaxWindow.
+	// to MaxWindow. Windows are aligned to multiples of Window since the
+	// Unix epoch (a day window starts at 00:00 UTC).
 	Window time.Duration
-	// Type is Sliding (the default) or Fixed.
-	Type WindowType
+	// Type is the algorithm: Sliding (the default), Fixed, Bucketed, Log,
+	// TokenBucket or LeakyBucket.
+	Type Algorithm
+	// Buckets is the number of sub-windows of a Bucketed rule: 2 to
+	// MaxBuckets, dividing Window into whole milliseconds. Zero for the
+	// other types.
+	Buckets int
+	// Burst is a TokenBucket's size, or a LeakyBucket's queue, in units
+	// of cost: 1 to MaxLimit, default (zero) Limit. Zero for the other
+	// types.
+	Burst int64
 }
 
-// String returns the rule in the form "100/1m0s sliding".
+// String returns the rule in the form "100/1m0s sliding" (with the buckets
+// or the burst when they apply).
 func (r Rule) String() string {
+	switch r.Type {
+	case Bucketed:
+		return fmt.Sprintf("%d/%v %v×%d", r.Limit, r.Window, r.Type, r.Buckets)
+	case TokenBucket, LeakyBucket:
+		return fmt.Sprintf("%d/%v %v burst %d", r.Limit, r.Window, r.Type, r.burst())
+	}
 	return fmt.Sprintf("%d/%v %v", r.Limit, r.Window, r.Type)
 }
 
-// compile returns the rule as package local counts it.
-func (r Rule) compile() local.Rule {
-	return local.NewRule(r.Limit, r.Window, r.Type == Fixed)
+// burst returns a bucket rule's burst, Limit by default.
+func (r Rule) burst() int64 {
+	if r.Burst == 0 {
+		return r.Limit
+	}
+	return r.Burst
+}
+
+// maxCost returns the largest cost the rule can ever admit.
+func (r Rule) maxCost() int64 {
+	if r.Type == TokenBucket || r.Type == LeakyBucket {
+		return r.burst()
+	}
+	return r.Limit
+}
+
+// spec returns the rule as package local counts it.
+func (r Rule) spec() local.Spec {
+	s := local.Spec{Limit: r.Limit, Window: r.Window, Buckets: r.Buckets, Burst: r.Burst}
+	switch r.Type {
+	case Fixed:
+		s.Kind = local.Fixed
+	case Bucketed:
+		s.Kind = local.Buckets
+	case Log:
+		s.Kind = local.Log
+	case TokenBucket:
+		s.Kind = local.GCRA
+	case LeakyBucket:
+		s.Kind = local.Leaky
+	}
+	return s
+}
+
+// logBuckets returns the buckets a Log rule of window w counts with in
+// ModeAsync: the most, up to MaxBuckets, that divide w into whole
+// milliseconds of at least syncRate.
+func logBuckets(w, syncRate time.Duration) int {
+	ms := int64(w / time.Millisecond)
+	for b := int64(MaxBuckets); b > 1; b-- {
+		if ms%b == 0 && time.Duration(ms/b)*time.Millisecond >= syncRate {
+			return int(b)
+		}
+	}
+	return 1
 }
 
 // validate checks rule i of a Config.
 func (r Rule) validate(i int) error {
+	max := int64(MaxLimit)
+	if r.Type == Log {
+		max = MaxLogLimit
+	}
 	switch {
-	case r.Limit < 1 || r.Limit > MaxLimit:
-		return fmt.Errorf("hybridlimit: Config.Rules[%d].Limit is %d, want 1 to %d", i, r.Limit, int64(MaxLimit))
+	case r.Type > LeakyBucket:
+		return fmt.Errorf("hybridlimit: Config.Rules[%d].Type is %v, want Sliding, Fixed, Bucketed, Log, TokenBucket or LeakyBucket", i, r.Type)
+	case r.Limit < 1 || r.Limit > max:
+		return fmt.Errorf("hybridlimit: Config.Rules[%d].Limit is %d, want 1 to %d for a %v rule", i, r.Limit, max, r.Type)
 	case r.Window < time.Millisecond || r.Window > MaxWindow:
 		return fmt.Errorf("hybridlimit: Config.Rules[%d].Window is %v, want 1ms to %v", i, r.Window, MaxWindow)
 	case r.Window%time.Millisecond != 0:
 		return fmt.Errorf("hybridlimit: Config.Rules[%d].Window is %v, want a whole number of milliseconds", i, r.Window)
-	case r.Type > Fixed:
-		return fmt.Errorf("hybridlimit: Config.Rules[%d].Type is %v, want Sliding or Fixed", i, r.Type)
+	case r.Type == Bucketed && (r.Buckets < 2 || r.Buckets > MaxBuckets):
+		return fmt.Errorf("hybridlimit: Config.Rules[%d].Buckets is %d, want 2 to %d for a Bucketed rule", i, r.Buckets, MaxBuckets)
+	case r.Type == Bucketed && r.Window.Milliseconds()%int64(r.Buckets) != 0:
+		return fmt.Errorf("hybridlimit: Config.Rules[%d].Buckets is %d, which does not divide Window %v into whole milliseconds", i, r.Buckets, r.Window)
+	case r.Type != Bucketed && r.Buckets != 0:
+		return fmt.Errorf("hybridlimit: Config.Rules[%d].Buckets is %d, but only a Bucketed rule has buckets; leave it zero", i, r.Buckets)
+	case (r.Type == TokenBucket || r.Type == LeakyBucket) && (r.Burst < 0 || r.Burst > MaxLimit):
+		return fmt.Errorf("hybridlimit: Config.Rules[%d].Burst is %d, want 1 to %d (0: Limit)", i, r.Burst, int64(MaxLimit))
+	case (r.Type == TokenBucket || r.Type == LeakyBucket) && r.Window/time.Duration(r.Limit) < time.Microsecond:
+		return fmt.Errorf("hybridlimit: Config.Rules[%d] is %d per %v, faster than one per microsecond, the most a %v admits", i, r.Limit, r.Window, r.Type)
+	case r.Type != TokenBucket && r.Type != LeakyBucket && r.Burst != 0:
+		return fmt.Errorf("hybridlimit: Config.Rules[%d].Burst is %d, but only TokenBucket and LeakyBucket rules have a burst; leave it zero", i, r.Burst)
 	}
 	return nil
+}
+
+// sameCounters reports whether rules a and b would count in the same
+// store keys: two window rules with the same window, two Bucketed rules
+// with the same buckets, two bucket rules with the same rate and burst, or
+// two Log rules with the same window.
+func sameCounters(a, b Rule) bool {
+	switch {
+	case a.Type <= Fixed && b.Type <= Fixed:
+		return a.Window == b.Window
+	case a.Type == Bucketed && b.Type == Bucketed:
+		return a.Window == b.Window && a.Buckets == b.Buckets
+	case a.Type == Log && b.Type == Log:
+		return a.Window == b.Window
+	case (a.Type == TokenBucket || a.Type == LeakyBucket) && (b.Type == TokenBucket || b.Type == LeakyBucket):
+		return a.Window/time.Duration(a.Limit) == b.Window/time.Duration(b.Limit) && a.burst() == b.burst()
+	}
+	return false
 }
 
 // clusterClock is the time every decision reads: this node's clock, read

@@ -71,6 +71,9 @@ type syncState struct {
 	stale         int64 // increments of an older window still to push
 
 	share atomic.Pointer[shareState] // the share policy's state, nil until the first sync
+
+	obs   Counts // a Log rule's counts as the store last decided (the synchronous mode)
+	obsAt int64  // when
 }
 
 // stash keeps d increments of window win, older than the previous one, to
@@ -113,9 +116,19 @@ type Entry struct {
 	flags    atomic.Uint32
 	allowed  atomic.Uint64
 	denied   atomic.Uint64
-	mu       sync.Mutex // rollovers, takes, acknowledgements, eviction
+	mu       sync.Mutex // rollovers, takes, acknowledgements, eviction, the log
 	c        []counter
 	s        []syncState // nil unless the table syncs
+	hist     []histSlot  // Buckets rules' closed buckets (see Table.histOff)
+	log      *logRing    // Log rules' instants, created on the first admission; guarded by mu
+}
+
+// histSlot is one closed bucket of a Buckets rule: its id and total,
+// written at rollovers and by the sync loop under the entry's mutex, read
+// by decisions. A slot holds bucket id % span.
+type histSlot struct {
+	id atomic.Int64
+	n  atomic.Int64
 }
 
 // Key returns the entry's user key.
@@ -152,8 +165,9 @@ func (e *Entry) waitRoll() {
 }
 
 // newEntry allocates an entry for key with n counters (and their sync
-// state when syncing), in one allocation for the common sizes.
-func newEntry(key string, n int, syncing bool) *Entry {
+// state when syncing) and hist bucket slots, in one allocation for the
+// common sizes.
+func newEntry(key string, n int, syncing bool, hist int) *Entry {
 	var e *Entry
 	switch {
 	case n == 1 && !syncing:
@@ -191,6 +205,9 @@ func newEntry(key string, n int, syncing bool) *Entry {
 		if syncing {
 			e.s = make([]syncState, n)
 		}
+	}
+	if hist > 0 {
+		e.hist = make([]histSlot, hist)
 	}
 	e.key = key
 	return e

@@ -28,7 +28,8 @@ const (
 
 // Allow decides a request of cost n (1 to the smallest limit) for key at
 // now and, when every rule admits it, counts it on every rule. It takes no
-// lock, except for a rollover, once per key and rule per window.
+// lock, except for a rollover (once per key and rule per window) and for
+// Log rules.
 func (t *Table) Allow(key string, n, now int64) (Decision, Status) {
 	if t.closed.Load() {
 		return Decision{}, Closed
@@ -44,7 +45,7 @@ func (t *Table) Allow(key string, n, now int64) (Decision, Status) {
 		}
 		var d Decision
 		var o outcome
-		if len(t.rules) == 1 {
+		if t.simple {
 			d, o = t.decide1(e, n, now)
 		} else {
 			d, o = t.decide(e, n, now)
@@ -60,64 +61,71 @@ func (t *Table) Allow(key string, n, now int64) (Decision, Status) {
 	}
 }
 
-// decide decides a request of cost n on e at now. When it admits, the
-// decision describes the tightest rule.
+// reserved records what a decision counted, to take it back: per rule the
+// pending word its increment was committed as and its window, or that it
+// moved a local token bucket's arrival time; and whether it logged.
+type reserved struct {
+	words [MaxRules]word
+	wins  [MaxRules]int64
+	tats  [MaxRules]bool
+	upto  int // rules [0, upto) counted
+	log   bool
+}
+
+// decide decides a request of cost n on e at now, for any rules. When it
+// admits, the decision describes the tightest rule.
 func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
-	var words [MaxRules]word // the words each rule's increment was committed as
-	var wins [MaxRules]int64 // and the windows it was committed to
+	var res reserved
+	var buf [maxBuckets]int64
 	d := Decision{Allowed: true, Rule: -1, Remaining: math.MaxInt64}
 	for i := range t.rules {
-		r, c := &t.rules[i], &e.c[i]
-		for {
-			w := word(c.word.Load())
-			if w.rolling() {
-				e.waitRoll()
-				continue
+		r := &t.rules[i]
+		res.upto = i
+		var c Counts
+		var o outcome
+		shareRem := int64(-1)
+		switch {
+		case r.kind == Log:
+			continue // after the others, under the entry's mutex
+		case (r.kind == GCRA || r.kind == Leaky) && !t.syncing:
+			c, o = t.reserveTat(e, i, n, now)
+			res.tats[i] = o == admitted
+		default:
+			c, o, shareRem = t.reserveWord(e, i, n, now, &res, buf[:])
+		}
+		if o != admitted {
+			if o == refused {
+				t.refuse(e, i, &res, n, now)
+			} else {
+				t.undoAll(e, &res, n, now)
 			}
-			win := c.win.Load()
-			// Most decisions fall in the counter's window: no division.
-			el := now - win*r.w
-			if el < 0 || el >= r.w {
-				id, _ := WindowOf(now, r.w)
-				if win < id {
-					if !t.roll(e, i, id, now) {
-						t.undoAll(e, &words, &wins, i, n)
-						return Decision{}, closed
-					}
-					continue
-				}
-				el = 0 // another decision already moved on: its window has begun
+			return Decision{}, o
+		}
+		d.fold(r, i, &c, n, shareRem)
+	}
+	res.upto = len(t.rules)
+	if t.logs {
+		e.mu.Lock()
+		i, ok := t.logAdmits(e, n, now, &d)
+		if ok {
+			if e.log == nil {
+				e.log = newLogRing(t.logCap)
 			}
-			prev, cur := c.prev.Load(), c.base.Load()+w.count()
-			est := r.estimate(prev, cur, el)
-			rem := r.remaining(est + float64(n))
-			ok := r.admits(est, n)
-			if ok && t.share {
-				if _, room, applies := t.shareRoomOf(e, i, prev, cur, win, el); applies {
-					ok = float64(n) <= room+Epsilon
-					rem = min(rem, int64(max(room-float64(n), 0)))
-				}
-			}
-			if !ok {
-				t.refuse(e, i, &words, &wins, n, now)
-				return Decision{}, refused
-			}
-			nw := w.plus(n)
-			if c.word.CompareAndSwap(uint64(w), uint64(nw)) {
-				words[i], wins[i] = nw, win
-				if rem < d.Remaining {
-					d.Rule, d.Remaining = i, rem
-					d.ResetAfter = r.resetAfter(prev, cur+n, el)
-				}
-				break
-			}
+			e.log.prune(now - t.longestLog())
+			e.log.push(now, n)
+			res.log = true
+		}
+		e.mu.Unlock()
+		if !ok {
+			t.refuse(e, i, &res, n, now)
+			return Decision{}, refused
 		}
 	}
 	if e.has(flagDead) {
-		t.undoAll(e, &words, &wins, len(t.rules), n)
+		t.undoAll(e, &res, n, now)
 		return Decision{}, retry
 	}
-	if t.syncing && t.closed.Load() && t.closedAfterCommit(e, &words, &wins, n) {
+	if t.syncing && t.closed.Load() && t.closedAfterCommit(e, &res, n, now) {
 		return Decision{}, closed
 	}
 	e.seen(now)
@@ -128,10 +136,63 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 	return d, admitted
 }
 
-// decide1 is decide for a table of one rule: the same steps, with no
-// bookkeeping of earlier rules to take back.
-func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
-	r, c := &t.rules[0], &e.c[0]
+// fold adds rule i's counts after an admitted request to d: the tightest
+// rule is described, and the longest delay kept. shareRem, when not
+// negative, is what the share policy still admits.
+func (d *Decision) fold(r *Rule, i int, c *Counts, n, shareRem int64) {
+	rem, _, reset, delay := r.describe(c, n, true, 1)
+	if shareRem >= 0 {
+		rem = min(rem, shareRem)
+	}
+	d.Delay = max(d.Delay, delay)
+	if rem < d.Remaining {
+		d.Rule, d.Remaining, d.ResetAfter = i, rem, reset
+	}
+}
+
+// logAdmits checks every Log rule of e for a request of cost n at now,
+// folding their counts after the request into d. It returns the first
+// rule that denies. Call with e.mu held.
+func (t *Table) logAdmits(e *Entry, n, now int64, d *Decision) (int, bool) {
+	for i := range t.rules {
+		r := &t.rules[i]
+		if r.kind != Log {
+			continue
+		}
+		var c Counts
+		if e.log != nil {
+			c = e.log.counts(r, now, n)
+		}
+		if !r.Admits(c, n) {
+			return i, false
+		}
+		c.Cur += n
+		if c.Reset < r.window {
+			c.Reset = r.window // the request just logged is the newest
+		}
+		d.fold(r, i, &c, n, -1)
+	}
+	return -1, true
+}
+
+// longestLog returns the longest window of the Log rules.
+func (t *Table) longestLog() int64 {
+	w := int64(0)
+	for i := range t.rules {
+		if t.rules[i].kind == Log {
+			w = max(w, t.rules[i].window)
+		}
+	}
+	return w
+}
+
+// reserveWord counts n on rule i's pending word if the rule admits it at
+// now (Sliding, Fixed, Buckets; GCRA and Leaky in a table that syncs), and
+// returns the rule's counts after the request and what the share policy
+// still admits (−1 when it does not apply). buf holds a Buckets rule's
+// counts.
+func (t *Table) reserveWord(e *Entry, i int, n, now int64, res *reserved, buf []int64) (Counts, outcome, int64) {
+	r, c := &t.rules[i], &e.c[i]
 	for {
 		w := word(c.word.Load())
 		if w.rolling() {
@@ -139,66 +200,129 @@ func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
 			continue
 		}
 		win := c.win.Load()
-		el := now - win*r.w
-		if el < 0 || el >= r.w {
-			id, _ := WindowOf(now, r.w)
-			if win < id {
-				if !t.roll(e, 0, id, now) {
-					return Decision{}, closed
+		el := int64(0)
+		if r.counted() {
+			// Most decisions fall in the counter's window: no division.
+			if el = now - win*r.w; el < 0 || el >= r.w {
+				id, _ := WindowOf(now, r.w)
+				if win < id {
+					if !t.roll(e, i, id, now) {
+						return Counts{}, closed, -1
+					}
+					continue
 				}
-				continue
-			}
-			el = 0
-		}
-		prev, cur := c.prev.Load(), c.base.Load()+w.count()
-		est := r.estimate(prev, cur, el)
-		rem := r.remaining(est + float64(n))
-		ok := r.admits(est, n)
-		if ok && t.share {
-			if _, room, applies := t.shareRoomOf(e, 0, prev, cur, win, el); applies {
-				ok = float64(n) <= room+Epsilon
-				rem = min(rem, int64(max(room-float64(n), 0)))
+				el = 0 // another decision already moved on: its window has begun
 			}
 		}
+		cts, ok, shareRem := t.counts(e, i, w, win, el, now, n, buf)
 		if !ok {
-			var words [MaxRules]word
-			var wins [MaxRules]int64
-			t.refuse(e, 0, &words, &wins, n, now)
-			return Decision{}, refused
+			return cts, refused, -1
 		}
 		nw := w.plus(n)
 		if !c.word.CompareAndSwap(uint64(w), uint64(nw)) {
 			continue
 		}
-		if e.has(flagDead) || (t.syncing && t.closed.Load()) {
-			words, wins := [MaxRules]word{nw}, [MaxRules]int64{win}
-			if e.has(flagDead) {
-				t.undoAll(e, &words, &wins, 1, n)
-				return Decision{}, retry
-			}
-			if t.closedAfterCommit(e, &words, &wins, n) {
-				return Decision{}, closed
-			}
+		res.words[i], res.wins[i] = nw, win
+		switch r.kind {
+		case Buckets:
+			cts.Buckets[len(cts.Buckets)-1] += n
+		case GCRA, Leaky:
+			cts.Tat = max(cts.Tat, 0) + n*r.t
+		default:
+			cts.Cur += n
 		}
-		e.seen(now)
-		e.allowed.Add(1)
-		if t.syncing {
-			t.touch(e)
+		if shareRem >= 0 {
+			shareRem = max(shareRem-n, 0)
 		}
-		return Decision{Allowed: true, Rule: 0, Remaining: rem, ResetAfter: r.resetAfter(prev, cur+n, el)}, admitted
+		return cts, admitted, shareRem
+	}
+}
+
+// counts returns rule i's counts as word w (window win, el into it) shows
+// them at now, whether a request of cost n fits (under the share policy
+// too, for Sliding and Fixed), and what the share policy admits before the
+// request (−1 when it does not apply).
+func (t *Table) counts(e *Entry, i int, w word, win, el, now, n int64, buf []int64) (Counts, bool, int64) {
+	r, c := &t.rules[i], &e.c[i]
+	cur := c.base.Load() + w.count()
+	switch r.kind {
+	case Buckets:
+		b := t.bucketCounts(e, i, win, cur, buf)
+		return Counts{Buckets: b, Elapsed: el}, r.bucketSum(b)+n <= r.limit, -1
+	case GCRA, Leaky:
+		// The store's arrival time as last read, moved by this node's
+		// cost not yet in it.
+		ahead := max(c.prev.Load(), now) + cur*r.t - now
+		return Counts{Tat: ahead}, r.gcraAdmits(ahead, n), -1
+	}
+	prev := c.prev.Load()
+	cts := Counts{Prev: prev, Cur: cur, Elapsed: el}
+	ok := r.admitsWindow(prev, cur, el, n)
+	if ok && t.share {
+		if _, room, applies := t.shareRoomOf(e, i, prev, cur, win, el); applies {
+			return cts, float64(n) <= room+Epsilon, int64(max(room, 0))
+		}
+	}
+	return cts, ok, -1
+}
+
+// bucketCounts fills buf with rule i's bucket counts, oldest first, for
+// window win whose current count is cur, and returns them.
+func (t *Table) bucketCounts(e *Entry, i int, win, cur int64, buf []int64) []int64 {
+	r := &t.rules[i]
+	b := buf[:r.span]
+	h := e.hist[t.histOff[i] : t.histOff[i]+int(r.span)]
+	for k := range r.span - 1 {
+		id := win - r.span + 1 + k
+		s := &h[id%r.span]
+		if s.id.Load() == id {
+			b[k] = s.n.Load()
+		} else {
+			b[k] = 0
+		}
+	}
+	b[r.span-1] = cur
+	return b
+}
+
+// reserveTat moves a local token bucket's arrival time by n intervals if
+// the rule admits the request at now (GCRA and Leaky in a table that does
+// not sync, whose arrival time lives in the counter's base), and returns
+// its counts after the request.
+func (t *Table) reserveTat(e *Entry, i int, n, now int64) (Counts, outcome) {
+	r, c := &t.rules[i], &e.c[i]
+	for {
+		tat := c.base.Load()
+		ahead := tat - now
+		if !r.gcraAdmits(ahead, n) {
+			return Counts{Tat: ahead}, refused
+		}
+		next := max(tat, now) + n*r.t
+		if c.base.CompareAndSwap(tat, next) {
+			return Counts{Tat: next - now}, admitted
+		}
 	}
 }
 
 // refuse finishes a decision that rule denied after rules [0, denied)
-// counted it: it takes those back, or with CountDenied charges the
-// remaining rules too.
-func (t *Table) refuse(e *Entry, denied int, words *[MaxRules]word, wins *[MaxRules]int64, n, now int64) {
+// counted it: it takes those back, or with CountDenied charges the others
+// too.
+func (t *Table) refuse(e *Entry, denied int, res *reserved, n, now int64) {
 	if t.countDenied {
-		for i := denied; i < len(t.rules); i++ {
-			t.charge(e, i, n, now)
+		for i := range t.rules {
+			switch {
+			case i < res.upto && t.rules[i].kind != Log:
+				// already counted
+			case t.rules[i].kind == Log:
+				if !res.log && i == t.firstLog() {
+					t.logCharge(e, n, now)
+				}
+			default:
+				t.charge(e, i, n, now)
+			}
 		}
 	} else {
-		t.undoAll(e, words, wins, denied, n)
+		t.undoAll(e, res, n, now)
 	}
 	e.seen(now)
 	e.denied.Add(1)
@@ -209,16 +333,47 @@ func (t *Table) refuse(e *Entry, denied int, words *[MaxRules]word, wins *[MaxRu
 	}
 }
 
+func (t *Table) firstLog() int {
+	for i := range t.rules {
+		if t.rules[i].kind == Log {
+			return i
+		}
+	}
+	return -1
+}
+
+// logCharge logs n at now unconditionally (CountDenied).
+func (t *Table) logCharge(e *Entry, n, now int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.log == nil {
+		e.log = newLogRing(t.logCap)
+	}
+	e.log.prune(now - t.longestLog())
+	e.log.push(now, n)
+}
+
 // charge adds n to rule i of e unconditionally (CountDenied).
 func (t *Table) charge(e *Entry, i int, n, now int64) {
 	r, c := &t.rules[i], &e.c[i]
-	id, _ := WindowOf(now, r.w)
+	if (r.kind == GCRA || r.kind == Leaky) && !t.syncing {
+		for {
+			tat := c.base.Load()
+			if c.base.CompareAndSwap(tat, max(tat, now)+n*r.t) {
+				return
+			}
+		}
+	}
+	id := int64(0)
+	if r.counted() {
+		id, _ = WindowOf(now, r.w)
+	}
 	for {
 		w := word(c.word.Load())
 		switch {
 		case w.rolling():
 			e.waitRoll()
-		case c.win.Load() < id:
+		case r.counted() && c.win.Load() < id:
 			if !t.roll(e, i, id, now) {
 				return
 			}
@@ -228,10 +383,21 @@ func (t *Table) charge(e *Entry, i int, n, now int64) {
 	}
 }
 
-// undoAll takes back the n that rules [0, upto) counted.
-func (t *Table) undoAll(e *Entry, words *[MaxRules]word, wins *[MaxRules]int64, upto int, n int64) {
-	for i := range upto {
-		t.undo(e, i, words[i], wins[i], n)
+// undoAll takes back what res counted.
+func (t *Table) undoAll(e *Entry, res *reserved, n, now int64) {
+	for i := range res.upto {
+		switch {
+		case t.rules[i].kind == Log:
+		case res.tats[i]:
+			e.c[i].base.Add(-n * t.rules[i].t)
+		default:
+			t.undo(e, i, res.words[i], res.wins[i], n)
+		}
+	}
+	if res.log {
+		e.mu.Lock()
+		e.log.remove(now, n)
+		e.mu.Unlock()
 	}
 }
 
@@ -265,9 +431,21 @@ func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
 		}
 	case win + 1: // rolled over: the increment now counts in the previous window
 		c.prev.Add(-n)
+		if t.rules[i].kind == Buckets {
+			t.histAdd(e, i, win, -n)
+		}
 		if t.syncing {
 			e.s[i].prevPending -= n
 		}
+	}
+}
+
+// histAdd adds d to the closed bucket id of rule i, if it is kept. Call
+// with e.mu held.
+func (t *Table) histAdd(e *Entry, i int, id, d int64) {
+	s := &e.hist[t.histOff[i]+int(id%t.rules[i].span)]
+	if s.id.Load() == id {
+		s.n.Add(d)
 	}
 }
 
@@ -293,10 +471,16 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 	}
 	w := freeze(c)
 	p := w.count()
+	total := c.base.Load() + p
 	if id == old+1 {
-		c.prev.Store(c.base.Load() + p)
+		c.prev.Store(total)
 	} else {
 		c.prev.Store(0)
+	}
+	if r := &t.rules[i]; r.kind == Buckets {
+		s := &e.hist[t.histOff[i]+int(old%r.span)]
+		s.id.Store(old)
+		s.n.Store(total)
 	}
 	if t.syncing {
 		s := &e.s[i]
@@ -335,99 +519,24 @@ func freeze(c *counter) word {
 // back, when the final flush did not take them (they would never reach the
 // store), and false when they were taken and are pushed by the flush. It
 // waits for the final flush to end.
-func (t *Table) closedAfterCommit(e *Entry, words *[MaxRules]word, wins *[MaxRules]int64, n int64) bool {
+func (t *Table) closedAfterCommit(e *Entry, res *reserved, n, now int64) bool {
 	<-t.flushed
 	e.mu.Lock()
 	if e.has(flagSealed) {
-		// The final take took every rule at once and no rollover can
+		// The final take took every counter at once and no rollover can
 		// follow it: either every generation moved or none did.
-		moved := word(e.c[0].word.Load()).gen() != words[0].gen()
-		if moved {
-			e.mu.Unlock()
-			return false
+		for i := range t.rules {
+			if t.rules[i].kind == Log {
+				continue
+			}
+			if word(e.c[i].word.Load()).gen() != res.words[i].gen() {
+				e.mu.Unlock()
+				return false
+			}
+			break
 		}
 	}
 	e.mu.Unlock()
-	t.undoAll(e, words, wins, len(t.rules), n)
+	t.undoAll(e, res, n, now)
 	return true
-}
-
-// denied describes a denied request of cost n on e at now: the reported
-// rule is the one that needs the longest wait.
-func (t *Table) denied(e *Entry, n, now int64) Decision {
-	var v [MaxRules]Counts
-	for i := range t.rules {
-		v[i] = t.view(e, i, now)
-	}
-	d := Summarize(t.rules, v[:len(t.rules)], n, false, 1)
-	if !t.share {
-		return d
-	}
-	// The share policy may deny what the plain rule admits: its wait wins
-	// when it is longer.
-	for i := range t.rules {
-		r, c := &t.rules[i], &v[i]
-		id, _ := WindowOf(now, r.w)
-		sv, room, applies := t.shareRoomOf(e, i, c.Prev, c.Cur, id, c.Elapsed)
-		if !applies {
-			continue
-		}
-		if retry := r.shareRetry(sv, room, c.Prev, c.Elapsed, n); retry > d.RetryAfter {
-			d.Rule, d.RetryAfter, d.Remaining = i, retry, int64(max(room, 0))
-			d.ResetAfter = r.resetAfter(c.Prev, c.Cur, c.Elapsed)
-		}
-	}
-	return d
-}
-
-// view reads rule i of e at now without changing it, as if rolled over.
-func (t *Table) view(e *Entry, i int, now int64) Counts {
-	r, c := &t.rules[i], &e.c[i]
-	id, el := WindowOf(now, r.w)
-	w := word(c.word.Load())
-	win := c.win.Load()
-	prev, cur := c.prev.Load(), c.base.Load()+w.count()
-	switch {
-	case win == id-1:
-		prev, cur = cur, 0
-	case win < id-1:
-		prev, cur = 0, 0
-	case win > id:
-		el = 0
-	}
-	return Counts{Prev: prev, Cur: cur, Elapsed: el}
-}
-
-// Peek reports whether a request of cost n for key would be admitted at
-// now, without counting anything; Remaining is what is left before the
-// request. It creates no entry.
-func (t *Table) Peek(key string, n, now int64) Decision {
-	var v [MaxRules]Counts
-	t.View(key, now, v[:len(t.rules)])
-	allowed := true
-	for i := range t.rules {
-		r := &t.rules[i]
-		allowed = allowed && r.Admits(v[i].Prev, v[i].Cur, v[i].Elapsed, n)
-	}
-	if allowed {
-		// Remaining before the request: describe it with a zero cost.
-		return Summarize(t.rules, v[:len(t.rules)], 0, true, 1)
-	}
-	return Summarize(t.rules, v[:len(t.rules)], n, false, 1)
-}
-
-// View fills dst (one element per rule) with key's counts at now as this
-// node sees them, and reports whether the key is tracked (untracked keys
-// read as empty).
-func (t *Table) View(key string, now int64, dst []Counts) bool {
-	e, ok := t.load(t.hash(key))
-	for i := range t.rules {
-		if ok {
-			dst[i] = t.view(e, i, now)
-		} else {
-			_, el := WindowOf(now, t.rules[i].w)
-			dst[i] = Counts{Elapsed: el}
-		}
-	}
-	return ok
 }

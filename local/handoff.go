@@ -43,6 +43,9 @@ func (t *Table) Take(e *Entry, now int64, dst []Push) ([]Push, bool) {
 func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 	again := false
 	for i := range e.c {
+		if t.rules[i].kind == Log {
+			continue // decided in the store (the synchronous mode): nothing to push
+		}
 		c, s := &e.c[i], &e.s[i]
 		// Freeze the word as a rollover does, so that no decision reads
 		// the count moved to base twice, or not at all.
@@ -82,6 +85,11 @@ func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 		c, s := &e.c[p.Rule], &e.s[p.Rule]
 		win := c.win.Load()
 		switch {
+		case t.rules[p.Rule].kind == GCRA || t.rules[p.Rule].kind == Leaky:
+			// An arrival time (µs), which now holds what was pushed.
+			s.inflight -= p.Delta
+			c.prev.Store(totals[k] * 1000)
+			c.base.Store(s.inflight + s.adj)
 		case p.kind == pushCur && win == p.Win:
 			s.inflight -= p.Delta
 			c.base.Store(totals[k] + s.inflight + s.adj)
@@ -89,6 +97,9 @@ func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 			// The pushed window is the previous one now.
 			s.prevInflight -= p.Delta
 			c.prev.Store(totals[k] + s.prevPending + s.prevInflight)
+			if t.rules[p.Rule].kind == Buckets {
+				t.histSet(e, p.Rule, p.Win, c.prev.Load())
+			}
 		}
 	}
 	if t.share {
@@ -113,6 +124,13 @@ func (t *Table) settleShares(e *Entry, now int64, pushes []Push, totals []int64)
 		}
 		t.settleShare(e, p.Rule, now, p.Win, totals[k], prev, prevRead, p.Delta, ownPrev)
 	}
+}
+
+// histSet sets the closed bucket id of rule i to n. Call with e.mu held.
+func (t *Table) histSet(e *Entry, i int, id, n int64) {
+	s := &e.hist[t.histOff[i]+int(id%t.rules[i].span)]
+	s.id.Store(id)
+	s.n.Store(n)
 }
 
 // Release hands back to e the increments of pushes that the store did not
@@ -187,20 +205,7 @@ func (t *Table) Observe(key string, now int64, counts []Counts, allowed, record 
 	e.mu.Lock()
 	if !e.has(flagSealed) {
 		for i := range t.rules {
-			id, _ := WindowOf(now, t.rules[i].w)
-			t.rollLocked(e, i, id, now)
-			c := &e.c[i]
-			if c.win.Load() != id {
-				continue
-			}
-			base, prev := counts[i].Cur, counts[i].Prev
-			if t.syncing {
-				s := &e.s[i]
-				base += s.inflight + s.adj
-				prev += s.prevPending + s.prevInflight
-			}
-			c.base.Store(base)
-			c.prev.Store(prev)
+			t.observeLocked(e, i, now, &counts[i])
 		}
 	}
 	e.mu.Unlock()
@@ -212,6 +217,53 @@ func (t *Table) Observe(key string, now int64, counts []Counts, allowed, record 
 			e.denied.Add(1)
 		}
 	}
+}
+
+// observeLocked records the store's counts c of rule i at now. Call with
+// e.mu held.
+func (t *Table) observeLocked(e *Entry, i int, now int64, c *Counts) {
+	r, ct := &t.rules[i], &e.c[i]
+	var s *syncState
+	if t.syncing {
+		s = &e.s[i]
+	}
+	switch r.kind {
+	case Log:
+		if s != nil {
+			s.obs, s.obsAt = *c, now
+		}
+		return
+	case GCRA, Leaky:
+		ct.prev.Store(c.Tat + now)
+		if s != nil {
+			ct.base.Store(s.inflight + s.adj)
+		}
+		return
+	}
+	id, _ := WindowOf(now, r.w)
+	t.rollLocked(e, i, id, now)
+	if ct.win.Load() != id {
+		return
+	}
+	var cur, prev int64
+	if r.kind == Buckets {
+		b := c.Buckets
+		cur = b[len(b)-1]
+		for k := range len(b) - 1 {
+			t.histSet(e, i, id-int64(len(b))+1+int64(k), b[k])
+		}
+		if len(b) > 1 {
+			prev = b[len(b)-2]
+		}
+	} else {
+		cur, prev = c.Cur, c.Prev
+	}
+	if s != nil {
+		cur += s.inflight + s.adj
+		prev += s.prevPending + s.prevInflight
+	}
+	ct.base.Store(cur)
+	ct.prev.Store(prev)
 }
 
 // Unsynced returns the increments e holds that the store has not

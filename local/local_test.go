@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,8 +17,7 @@ func newTestTable(t *testing.T, syncing bool, limits ...int64) *Table {
 	t.Helper()
 	var rules []Rule
 	for i, l := range limits {
-		rules = append(rules, NewRule(l, 0, false))
-		rules[i].w, rules[i].invW = w*int64(i+1), 1/float64(w*int64(i+1))
+		rules = append(rules, NewRule(Spec{Kind: Sliding, Limit: l, Window: time.Duration(w * int64(i+1))}))
 	}
 	return NewTable(Options{Rules: rules, MaxKeys: 1000, Syncing: syncing, ReadPrev: 3 * w})
 }
@@ -201,7 +201,7 @@ func TestConcurrentDecisionsAndTakesLoseNothing(t *testing.T) {
 // MaxKeys is exact: however many goroutines race to create keys, the
 // table never holds more.
 func TestMaxKeysIsExact(t *testing.T) {
-	tb := NewTable(Options{Rules: []Rule{NewRule(10, 1000, false)}, MaxKeys: 100})
+	tb := NewTable(Options{Rules: []Rule{NewRule(Spec{Kind: Sliding, Limit: 10, Window: 1000})}, MaxKeys: 100})
 	var full atomic.Int64
 	var wg sync.WaitGroup
 	for g := range 64 {
@@ -240,7 +240,7 @@ func TestObserveRollsOver(t *testing.T) {
 	for win := int64(5); win < 9; win++ {
 		tb.Observe("k", win*w+1, []Counts{{Prev: 0, Cur: 3}}, true, true)
 		var v [1]Counts
-		require.True(t, tb.View("k", win*w+1, v[:]))
+		require.True(t, tb.View("k", win*w+1, 1, v[:]))
 		assert.Equal(t, int64(3), v[0].Cur, "window %d", win)
 		rem, _ := tb.rules[0].Level(v[0])
 		assert.Equal(t, int64(7), rem, "window %d", win)

@@ -68,6 +68,12 @@ type Table struct {
 
 	rng *rand.Rand // the share policy's dither; used by Settle only, one at a time
 
+	simple  bool  // one Sliding or Fixed rule: the short decision path
+	histOff []int // per rule: its first slot in Entry.hist (Buckets)
+	hist    int   // Entry.hist's length
+	logCap  int64 // the largest Log limit: the ring's length; 0 without Log rules
+	logs    bool  // some rule is a Log
+
 	closed    atomic.Bool
 	flushed   chan struct{} // closed when the final flush has ended
 	flushOnce sync.Once
@@ -94,8 +100,17 @@ func NewTable(o Options) *Table {
 		flushed:     make(chan struct{}),
 	}
 	for i := range t.rules {
-		t.longest = max(t.longest, t.rules[i].w)
+		r := &t.rules[i]
+		t.longest = max(t.longest, r.window)
+		t.histOff = append(t.histOff, t.hist)
+		switch r.kind {
+		case Buckets:
+			t.hist += int(r.span)
+		case Log:
+			t.logs, t.logCap = true, max(t.logCap, r.limit)
+		}
 	}
+	t.simple = len(t.rules) == 1 && (t.rules[0].kind == Sliding || t.rules[0].kind == Fixed)
 	seed := o.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -164,10 +179,12 @@ func (t *Table) loadOrCreate(k hkey, now int64) *Entry {
 // scratch returns an entry for key with empty counters in the windows of
 // now, not stored in the table.
 func (t *Table) scratch(key string, now int64) *Entry {
-	e := newEntry(key, len(t.rules), t.syncing)
+	e := newEntry(key, len(t.rules), t.syncing, t.hist)
 	for i := range t.rules {
-		id, _ := WindowOf(now, t.rules[i].w)
-		e.c[i].win.Store(id)
+		if t.rules[i].counted() {
+			id, _ := WindowOf(now, t.rules[i].w)
+			e.c[i].win.Store(id)
+		}
 	}
 	e.lastSeen.Store(now)
 	return e

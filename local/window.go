@@ -1,9 +1,6 @@
 package local
 
-import (
-	"math"
-	"time"
-)
+import "math"
 
 // Window arithmetic: every formula a decision uses is defined here, once.
 // Instants are int64 nanoseconds since the Unix epoch on the cluster's
@@ -18,32 +15,6 @@ import (
 
 // Epsilon absorbs floating-point error in the sliding-window comparison.
 const Epsilon = 1e-9
-
-// Rule is a compiled rule: a limit per window, in the units the decision
-// path uses. Create one with NewRule.
-type Rule struct {
-	limit  int64
-	limitF float64
-	w      int64 // window, ns
-	invW   float64
-	fixed  bool
-}
-
-// NewRule returns the rule admitting limit per window of the given size,
-// sliding or fixed. The caller validates the values (limit ≥ 1, window a
-// positive whole number of milliseconds).
-func NewRule(limit int64, window time.Duration, fixed bool) Rule {
-	return Rule{limit: limit, limitF: float64(limit), w: int64(window), invW: 1 / float64(window), fixed: fixed}
-}
-
-// Limit returns the rule's limit per window.
-func (r *Rule) Limit() int64 { return r.limit }
-
-// Window returns the rule's window size.
-func (r *Rule) Window() time.Duration { return time.Duration(r.w) }
-
-// Fixed reports whether the rule counts fixed windows.
-func (r *Rule) Fixed() bool { return r.fixed }
 
 // WindowOf returns the id of the window of size w (ns) holding now, and how
 // far into it now is.
@@ -74,7 +45,7 @@ func (r *Rule) admits(est float64, n int64) bool {
 // into the current window, with prev and cur the previous and current
 // windows' counts. It is the admission rule of every mode: the store's
 // synchronous script is tested against it.
-func (r *Rule) Admits(prev, cur, elapsed, n int64) bool {
+func (r *Rule) admitsWindow(prev, cur, elapsed, n int64) bool {
 	return r.admits(r.estimate(prev, cur, elapsed), n)
 }
 
@@ -141,11 +112,22 @@ func (r *Rule) resetAfter(prev, cur, elapsed int64) int64 {
 	return 0
 }
 
-// Counts is one rule's counts as a decision sees them: the previous and
-// current windows' totals and how far into the current window the decision
-// is.
+// Counts is one rule's state as a decision sees it, in the fields its
+// kind uses.
 type Counts struct {
+	// Sliding, Fixed: the previous and current windows' totals and how far
+	// into the current window the decision is. Log: Cur is the cost counted
+	// in the last window.
 	Prev, Cur, Elapsed int64
+	// Buckets: the counts of the window's buckets, oldest first, the
+	// current one last; Elapsed is the time into the current bucket.
+	Buckets []int64
+	// GCRA, Leaky: the theoretical arrival time minus now (ns).
+	Tat int64
+	// Log: how long until enough counted cost leaves the window for the
+	// request to fit (0 if it fits), and until the last counted cost
+	// leaves it (ns).
+	Expire, Reset int64
 }
 
 // Decision is the outcome of a decision on one key, describing one rule:
@@ -164,6 +146,62 @@ type Decision struct {
 	// ResetAfter is how long until the rule is back to its full limit
 	// (ns).
 	ResetAfter int64
+	// Delay is how long an admitted request waits for its turn before it
+	// proceeds (ns): a Leaky rule's queue; the longest of the rules.
+	Delay int64
+}
+
+// Admits reports whether a request of cost n fits the rule at counts c. It
+// is the admission rule of every mode: the store's synchronous script is
+// tested against it.
+func (r *Rule) Admits(c Counts, n int64) bool {
+	switch r.kind {
+	case Buckets:
+		return r.bucketSum(c.Buckets)+n <= r.limit
+	case Log:
+		return c.Cur+n <= r.limit
+	case GCRA, Leaky:
+		return r.gcraAdmits(c.Tat, n)
+	}
+	return r.admitsWindow(c.Prev, c.Cur, c.Elapsed, n)
+}
+
+// describe returns, for a request of cost n at counts c (after the
+// request, when allowed): what the rule still admits, how long until the
+// request fits (when denied; rounded up to a multiple of unit ns), until
+// the rule is back to its full limit, and the request's delay (when
+// allowed).
+func (r *Rule) describe(c *Counts, n int64, allowed bool, unit int64) (remaining, retry, reset, delay int64) {
+	switch r.kind {
+	case Buckets:
+		remaining, reset = r.bucketLevel(c.Buckets, c.Elapsed)
+		if !allowed {
+			retry = r.bucketRetry(c.Buckets, c.Elapsed, n)
+		}
+	case Log:
+		remaining, reset = max(r.limit-c.Cur, 0), c.Reset
+		if !allowed {
+			retry = c.Expire
+		}
+	case GCRA, Leaky:
+		remaining, reset = r.gcraLevel(c.Tat)
+		switch {
+		case !allowed:
+			retry = r.gcraRetry(c.Tat, n)
+		case r.kind == Leaky:
+			delay = max(c.Tat-n*r.t, 0) // c.Tat is after the request: its slot began n intervals before
+		}
+	default:
+		est := r.estimate(c.Prev, c.Cur, c.Elapsed)
+		remaining, reset = r.remaining(est), r.resetAfter(c.Prev, c.Cur, c.Elapsed)
+		if !allowed {
+			retry = r.retryAfter(c.Prev, c.Cur, c.Elapsed, n, unit)
+		}
+	}
+	if retry > 0 && unit > 1 && r.kind != Sliding && r.kind != Fixed {
+		retry = (retry + unit - 1) / unit * unit
+	}
+	return remaining, retry, reset, delay
 }
 
 // Summarize builds the decision that the counts of every rule describe,
@@ -173,22 +211,22 @@ type Decision struct {
 func Summarize(rules []Rule, counts []Counts, n int64, allowed bool, unit int64) Decision {
 	d := Decision{Allowed: allowed, Rule: -1, Remaining: math.MaxInt64, RetryAfter: -1}
 	for i := range rules {
-		r, x := &rules[i], &counts[i]
-		est := r.estimate(x.Prev, x.Cur, x.Elapsed)
+		rem, retry, reset, delay := rules[i].describe(&counts[i], n, allowed, unit)
+		d.Delay = max(d.Delay, delay)
 		var better bool
 		if allowed {
-			better = r.remaining(est) < d.Remaining
-		} else if retry := r.retryAfter(x.Prev, x.Cur, x.Elapsed, n, unit); retry > d.RetryAfter {
+			better = rem < d.Remaining
+		} else if retry > d.RetryAfter {
 			better, d.RetryAfter = true, retry
 		}
 		if better {
-			d.Rule = i
-			d.Remaining = r.remaining(est)
-			d.ResetAfter = r.resetAfter(x.Prev, x.Cur, x.Elapsed)
+			d.Rule, d.Remaining, d.ResetAfter = i, rem, reset
 		}
 	}
 	if allowed {
 		d.RetryAfter = 0
+	} else {
+		d.Delay = 0
 	}
 	return d
 }
@@ -197,5 +235,6 @@ func Summarize(rules []Rule, counts []Counts, n int64, allowed bool, unit int64)
 // cost 1 still admitted, and how long until the rule is back to its full
 // limit (ns) if nothing is admitted meanwhile.
 func (r *Rule) Level(c Counts) (remaining, resetAfter int64) {
-	return r.remaining(r.estimate(c.Prev, c.Cur, c.Elapsed)), r.resetAfter(c.Prev, c.Cur, c.Elapsed)
+	remaining, _, resetAfter, _ = r.describe(&c, 1, true, 1)
+	return remaining, resetAfter
 }

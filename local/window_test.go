@@ -17,6 +17,14 @@ type spec struct {
 	fixed  bool
 }
 
+func (s spec) spec() Spec {
+	k := Sliding
+	if s.fixed {
+		k = Fixed
+	}
+	return Spec{Kind: k, Limit: s.limit, Window: s.window}
+}
+
 func TestWindowOf(t *testing.T) {
 	w := int64(time.Minute)
 	tests := []struct {
@@ -46,11 +54,11 @@ func TestWindowOf(t *testing.T) {
 func TestEstimateCloudflareExample(t *testing.T) {
 	// 42 requests in the previous minute, 18 in the current one, 15 s in:
 	// 42·45/60 + 18 = 49.5.
-	r := NewRule(50, time.Minute, false)
+	r := NewRule(Spec{Kind: Sliding, Limit: 50, Window: time.Minute})
 	assert.InDelta(t, 49.5, r.estimate(42, 18, int64(15*time.Second)), 1e-9)
 	assert.False(t, r.admits(49.5, 1), "49.5 + 1 > 50")
 	assert.Equal(t, int64(0), r.remaining(49.5))
-	f := NewRule(50, time.Minute, true)
+	f := NewRule(Spec{Kind: Fixed, Limit: 50, Window: time.Minute})
 	assert.InDelta(t, 18, f.estimate(42, 18, int64(15*time.Second)), 1e-9)
 	assert.Equal(t, int64(32), f.remaining(18))
 }
@@ -78,7 +86,7 @@ func TestRetryAndResetArithmetic(t *testing.T) {
 		{"fixed prev ignored", spec{10, time.Minute, true}, 100, 0, int64(10 * s), 1, 0, 0},
 	}
 	for _, tt := range tests {
-		r := NewRule(tt.rule.limit, tt.rule.window, tt.rule.fixed)
+		r := NewRule(tt.rule.spec())
 		assert.Equal(t, int64(tt.retry), r.retryAfter(tt.prev, tt.cur, tt.elapsed, tt.n, 1), "%s: retry-after", tt.name)
 		assert.Equal(t, int64(tt.reset), r.resetAfter(tt.prev, tt.cur, tt.elapsed), "%s: reset-after", tt.name)
 		if tt.retry > 0 {
@@ -88,12 +96,12 @@ func TestRetryAndResetArithmetic(t *testing.T) {
 			if at >= r.w {
 				p, c, e = tt.cur, 0, at-r.w
 			}
-			assert.True(t, r.admits(r.estimate(p, c, e), tt.n), "%s: admitted at retry-after", tt.name)
+			assert.True(t, r.admitsWindow(p, c, e, tt.n), "%s: admitted at retry-after", tt.name)
 			e -= int64(time.Millisecond)
 			if e < 0 {
 				p, c, e = tt.prev, tt.cur, e+r.w
 			}
-			assert.False(t, r.admits(r.estimate(p, c, e), tt.n), "%s: denied just before retry-after", tt.name)
+			assert.False(t, r.admitsWindow(p, c, e, tt.n), "%s: denied just before retry-after", tt.name)
 		}
 	}
 }

@@ -141,7 +141,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-nodes", "x"}, "invalid value"},
 		{[]string{"-modes", "async"}, `"async" needs a sync rate`},
 		{[]string{"-modes", "async:0s"}, "not a duration from 1ms to 1h"},
-		{[]string{"-modes", "turbo"}, `"turbo" is not local, sync or async:RATE`},
+		{[]string{"-modes", "turbo"}, `"turbo" is not local, sync, async:RATE or naive:RATE`},
 		{[]string{"-modes", "sync:10ms"}, "takes no argument"},
 		{[]string{"-rules", "100"}, "is not LIMIT/WINDOW"},
 		{[]string{"-rules", "0/1s"}, "limit \"0\""},
@@ -200,7 +200,11 @@ func TestParseDefaults(t *testing.T) {
 	assert.Equal(t, 10, o.Nodes)
 	assert.Equal(t, 20000.0, o.Rate)
 	assert.Equal(t, []hybridlimit.Rule{{Limit: 1000, Window: time.Second}}, o.Rules)
-	assert.Equal(t, []modeSpec{{Mode: hybridlimit.ModeLocal}, {Mode: hybridlimit.ModeSynchronous}, {Mode: hybridlimit.ModeAsync, SyncRate: 10 * time.Millisecond}, {Mode: hybridlimit.ModeAsync, SyncRate: 100 * time.Millisecond}, {Mode: hybridlimit.ModeAsync, SyncRate: time.Second}}, o.Modes)
+	naive, share := hybridlimit.Naive, hybridlimit.Share
+	assert.Equal(t, []modeSpec{{Mode: hybridlimit.ModeLocal}, {Mode: hybridlimit.ModeSynchronous},
+		{Mode: hybridlimit.ModeAsync, SyncRate: 10 * time.Millisecond, Policy: naive}, {Mode: hybridlimit.ModeAsync, SyncRate: 10 * time.Millisecond, Policy: share},
+		{Mode: hybridlimit.ModeAsync, SyncRate: 100 * time.Millisecond, Policy: naive}, {Mode: hybridlimit.ModeAsync, SyncRate: 100 * time.Millisecond, Policy: share},
+		{Mode: hybridlimit.ModeAsync, SyncRate: time.Second, Policy: naive}, {Mode: hybridlimit.ModeAsync, SyncRate: time.Second, Policy: share}}, o.Modes)
 	o, err = parseFlags([]string{"-pattern", "zipf"}, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, 1000, o.Keys)

@@ -57,7 +57,7 @@ func push(t *testing.T, s store.Store, bs ...*store.Batch) {
 	}
 }
 
-func newTake(pfx, key string, nowMs, cost int64, peek, countDenied bool, rules ...store.TakeRule) *store.TakeRequest {
+func newTake(pfx, key string, nowMs, cost int64, peek, countDenied bool, rules ...local.Rule) *store.TakeRequest {
 	return &store.TakeRequest{
 		Prefix: pfx, Key: key, Rules: rules, Now: nowMs * 1000, Cost: cost, Peek: peek, CountDenied: countDenied,
 		Deadline: time.Now().Add(time.Hour).UnixMicro(),
@@ -129,7 +129,7 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 	})
 	t.Run("TakeAdmitsUpToTheLimit", func(t *testing.T) {
 		s, pfx := open(t)
-		rule := store.TakeRule{Limit: 5, Window: w}
+		rule := wr(5, w)
 		var allowed []bool
 		for _, cost := range []int64{2, 2, 2, 1, 1} {
 			r := newTake(pfx, "k", future+30_000, cost, false, false, rule)
@@ -140,7 +140,7 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 		p := newTake(pfx, "k", future+30_000, 1, true, false, rule)
 		take(t, s, p)
 		assert.False(t, p.Allowed)
-		assert.Equal(t, []store.WindowCounts{{Cur: 5}}, p.Counts)
+		assert.Equal(t, [][2]int64{{5, 0}}, cp(p.Counts))
 	})
 	t.Run("TakeWeighsThePreviousWindow", func(t *testing.T) {
 		s, pfx := open(t)
@@ -149,22 +149,22 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 		// more and a limit of 51 admits one.
 		push(t, s, batch(s, pfx, "n", "slide", 1, op(w, id-1, 42), op(w, id, 18)))
 		now := future + 15_000
-		r := newTake(pfx, "slide", now, 1, false, false, store.TakeRule{Limit: 50, Window: w})
+		r := newTake(pfx, "slide", now, 1, false, false, wr(50, w))
 		take(t, s, r)
 		assert.False(t, r.Allowed)
-		assert.Equal(t, []store.WindowCounts{{Cur: 18, Prev: 42}}, r.Counts)
-		r = newTake(pfx, "slide", now, 1, false, false, store.TakeRule{Limit: 51, Window: w})
+		assert.Equal(t, [][2]int64{{18, 42}}, cp(r.Counts))
+		r = newTake(pfx, "slide", now, 1, false, false, wr(51, w))
 		take(t, s, r)
 		assert.True(t, r.Allowed)
-		assert.Equal(t, []store.WindowCounts{{Cur: 19, Prev: 42}}, r.Counts)
-		r = newTake(pfx, "slide", now, 1, false, false, store.TakeRule{Limit: 20, Window: w, Fixed: true})
+		assert.Equal(t, [][2]int64{{19, 42}}, cp(r.Counts))
+		r = newTake(pfx, "slide", now, 1, false, false, fr(20, w))
 		take(t, s, r)
 		assert.True(t, r.Allowed, "a fixed window ignores the previous one")
-		assert.Equal(t, []store.WindowCounts{{Cur: 20}}, r.Counts)
+		assert.Equal(t, [][2]int64{{20, 0}}, cp(r.Counts))
 	})
 	t.Run("TakeChecksEveryRuleBeforeCounting", func(t *testing.T) {
 		s, pfx := open(t)
-		rules := []store.TakeRule{{Limit: 10, Window: 1000}, {Limit: 2, Window: w}}
+		rules := []local.Rule{wr(10, 1000), wr(2, w)}
 		var got []bool
 		for range 3 {
 			r := newTake(pfx, "multi", future, 1, false, false, rules...)
@@ -174,11 +174,11 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 		assert.Equal(t, []bool{true, true, false}, got)
 		r := newTake(pfx, "multi", future, 1, true, false, rules...)
 		take(t, s, r)
-		assert.Equal(t, []store.WindowCounts{{Cur: 2}, {Cur: 2}}, r.Counts, "the denied request counted in no rule")
+		assert.Equal(t, [][2]int64{{2, 0}, {2, 0}}, cp(r.Counts), "the denied request counted in no rule")
 	})
 	t.Run("TakeCountDenied", func(t *testing.T) {
 		s, pfx := open(t)
-		rule := store.TakeRule{Limit: 1, Window: 1000}
+		rule := wr(1, 1000)
 		for _, want := range []bool{true, false, false} {
 			r := newTake(pfx, "penalty", future, 1, false, true, rule)
 			take(t, s, r)
@@ -190,7 +190,7 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 	})
 	t.Run("TakeBatchBadRequestsAndDeadline", func(t *testing.T) {
 		s, pfx := open(t)
-		rule := store.TakeRule{Limit: 1, Window: 1000}
+		rule := wr(1, 1000)
 		good := newTake(pfx, "batch", future, 1, false, false, rule)
 		good2 := newTake(pfx, "batch", future, 1, false, false, rule)
 		bad := newTake(pfx, "", future, 1, false, false, rule)
@@ -223,12 +223,32 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 			elapsed := rng.Int64N(win * 1000) // µs
 			key := fmt.Sprint("adm", i)
 			push(t, s, batch(s, pfx, "n", key, uint64(i+1), op(win, wid-1, prev), op(win, wid, cur)))
-			r := newTake(pfx, key, 0, cost, true, false, store.TakeRule{Limit: limit, Window: win, Fixed: fixed})
+			r := newTake(pfx, key, 0, cost, true, false, rk(limit, win, fixed))
 			r.Now = wid*win*1000 + elapsed
 			take(t, s, r)
-			lr := local.NewRule(limit, time.Duration(win)*time.Millisecond, fixed)
-			want := lr.Admits(prev, cur, elapsed*1000, cost)
+			lr := rk(limit, win, fixed)
+			want := lr.Admits(local.Counts{Prev: prev, Cur: cur, Elapsed: elapsed * 1000}, cost)
 			require.Equal(t, want, r.Allowed, "counts %v case %d: limit %d window %d fixed %v prev %d cur %d elapsed %dµs cost %d", r.Counts, i, limit, win, fixed, prev, cur, elapsed, cost)
 		}
 	})
+}
+
+// wr, fr and rk return a sliding or fixed rule of limit per window ms.
+func wr(limit, window int64) local.Rule { return rk(limit, window, false) }
+func fr(limit, window int64) local.Rule { return rk(limit, window, true) }
+func rk(limit, window int64, fixed bool) local.Rule {
+	k := local.Sliding
+	if fixed {
+		k = local.Fixed
+	}
+	return local.NewRule(local.Spec{Kind: k, Limit: limit, Window: time.Duration(window) * time.Millisecond})
+}
+
+// cp returns the current and previous windows' counts of cs.
+func cp(cs []local.Counts) [][2]int64 {
+	var out [][2]int64
+	for _, c := range cs {
+		out = append(out, [2]int64{c.Cur, c.Prev})
+	}
+	return out
 }

@@ -8,9 +8,12 @@ import (
 
 // Key layout. Every key a store writes begins with the limiter's prefix:
 //
-//	<prefix>:{<base64url(user key)>}:<window ms>:<window id>   a counter
-//	<prefix>:m:{<tag>}:<node>                                 a node's push marker
-//	<prefix>:t:{<tag>}:<node>                                 a node's take marker
+//	<prefix>:{<base64url(user key)>}:<window ms>:<window id>          a window's count
+//	<prefix>:{<base64url(user key)>}:<bucket ms>x<buckets>:<id>       a bucket's count
+//	<prefix>:{<base64url(user key)>}:gcra:<interval µs>:<burst>       a bucket's arrival time
+//	<prefix>:{<base64url(user key)>}:log                              a key's log (newest first)
+//	<prefix>:m:{<tag>}:<node>                                         a node's push marker
+//	<prefix>:t:{<tag>}:<node>.<stream>                                a node's take marker
 //
 // The user key is base64url-encoded, so it never contains '{' or '}': every
 // counter of one user key shares the Redis Cluster hash slot of its braces,
@@ -32,11 +35,26 @@ func CounterKey(prefix string, c Counter) string {
 	return string(appendCounter(keyBase(prefix, c.Key), c))
 }
 
-// appendCounter appends "<window ms>:<window id>" to b.
+// appendCounter appends the counter's part of its key to b.
 func appendCounter(b []byte, c Counter) []byte {
+	if c.Rate > 0 {
+		b = append(b, "gcra:"...)
+		b = strconv.AppendInt(b, c.Rate, 10)
+		b = append(b, ':')
+		return strconv.AppendInt(b, c.Burst, 10)
+	}
 	b = strconv.AppendInt(b, c.Window, 10)
+	if c.Span > 1 {
+		b = append(b, 'x')
+		b = strconv.AppendInt(b, c.Span, 10)
+	}
 	b = append(b, ':')
 	return strconv.AppendInt(b, c.ID, 10)
+}
+
+// LogKey returns the store key of key's log under prefix.
+func LogKey(prefix, key string) string {
+	return string(append(keyBase(prefix, key), "log"...))
 }
 
 // markerKey returns the key of node's marker of the given kind ('m' for

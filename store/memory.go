@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
-
-	"github.com/hybridlimit/hybridlimit/local"
 )
 
 // Memory is a Store held in this process's memory, with the semantics of
@@ -25,11 +23,18 @@ type Memory struct {
 
 	mu      sync.Mutex
 	m       map[string]memCounter
+	logs    map[string]*memLog
 	markers map[string]uint64
 	sweep   int // size at which expired counters are swept next
 
 	calls atomic.Uint64
 	ops   atomic.Uint64
+}
+
+// memLog is a key's log: instants in µs, newest first.
+type memLog struct {
+	ts  []int64
+	exp int64 // Unix ms
 }
 
 type memCounter struct {
@@ -46,7 +51,7 @@ func NewMemory(c clock.Clock) *Memory {
 	if c == nil {
 		c = clock.New()
 	}
-	return &Memory{clock: c, m: make(map[string]memCounter), markers: make(map[string]uint64), sweep: 1024}
+	return &Memory{clock: c, m: make(map[string]memCounter), logs: make(map[string]*memLog), markers: make(map[string]uint64), sweep: 1024}
 }
 
 // Calls returns how many times Push and Take have been called: the round
@@ -138,67 +143,19 @@ func (s *Memory) Push(ctx context.Context, batches []*Batch) error {
 		for i := range b.Ops {
 			op := &b.Ops[i]
 			key := CounterKey(b.Prefix, op.Counter)
-			if dup || op.Delta == 0 {
+			switch {
+			case dup || op.Delta == 0:
 				b.Totals[i] = s.get(key, now)
-			} else {
-				b.Totals[i] = s.incr(key, op.Delta, now, ExpireAt(op.Window, op.ID))
+			case op.Rate > 0:
+				b.Totals[i] = s.advance(key, op.Delta, op.Rate, s.clock.Now().UnixMicro())
+			default:
+				b.Totals[i] = s.incr(key, op.Delta, now, ExpireAt(op.Window, op.ID, op.Span))
 			}
 		}
 		if !dup {
 			s.markers[marker] = b.Seq
 		}
 		b.Status, b.Err = Applied, nil
-	}
-	return nil
-}
-
-// Take implements Store.
-func (s *Memory) Take(ctx context.Context, reqs []*TakeRequest) error {
-	if err := ctx.Err(); err != nil {
-		for _, r := range reqs {
-			r.Status, r.Err = Failed, err
-		}
-		return err
-	}
-	s.calls.Add(1)
-	s.ops.Add(uint64(len(reqs)))
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	nowT := s.clock.Now()
-	now := nowT.UnixMilli()
-	s.maybeSweep(now)
-	for _, r := range reqs {
-		if err := r.check(); err != nil {
-			r.Status, r.Err = Failed, err
-			continue
-		}
-		if r.Deadline != 0 && nowT.UnixMicro() > r.Deadline {
-			r.Status, r.Err = Failed, errDeadline
-			continue
-		}
-		r.Counts = resize(r.Counts, len(r.Rules))
-		r.Allowed = true
-		for j, rule := range r.Rules {
-			id := r.Now / (rule.Window * 1000)
-			cur := s.get(CounterKey(r.Prefix, Counter{r.Key, rule.Window, id}), now)
-			var prev int64
-			if !rule.Fixed {
-				prev = s.get(CounterKey(r.Prefix, Counter{r.Key, rule.Window, id - 1}), now)
-			}
-			r.Counts[j] = WindowCounts{Cur: cur, Prev: prev}
-			lr := local.NewRule(rule.Limit, time.Duration(rule.Window)*time.Millisecond, rule.Fixed)
-			if !lr.Admits(prev, cur, r.Now%(rule.Window*1000)*1000, r.Cost) {
-				r.Allowed = false
-			}
-		}
-		if !r.Peek && (r.Allowed || r.CountDenied) {
-			for j, rule := range r.Rules {
-				id := r.Now / (rule.Window * 1000)
-				key := CounterKey(r.Prefix, Counter{r.Key, rule.Window, id})
-				r.Counts[j].Cur = s.incr(key, r.Cost, now, ExpireAt(rule.Window, id))
-			}
-		}
-		r.Status, r.Err = Applied, nil
 	}
 	return nil
 }
@@ -217,11 +174,6 @@ func (r *TakeRequest) check() error {
 		return fmt.Errorf("store: TakeRequest cost %d is negative", r.Cost)
 	case r.Now < 0:
 		return fmt.Errorf("store: TakeRequest instant %d is before the epoch", r.Now)
-	}
-	for i, rule := range r.Rules {
-		if rule.Window <= 0 || rule.Limit < 1 {
-			return fmt.Errorf("store: TakeRequest rule %d has window %d ms and limit %d, want both positive", i, rule.Window, rule.Limit)
-		}
 	}
 	return nil
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit/local"
 )
 
 // Redis is a Store on a Redis server, Sentinel group or Cluster, through a
@@ -262,12 +264,12 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 			b := batches[i]
 			keys := make([]string, 1+len(b.Ops))
 			keys[0] = markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node)
-			argv := make([]any, 2+len(b.Ops))
+			argv := make([]any, 2+2*len(b.Ops))
 			argv[0], argv[1] = b.Seq, ttl
 			for j := range b.Ops {
 				op := &b.Ops[j]
 				keys[1+j] = CounterKey(b.Prefix, op.Counter)
-				argv[2+j] = op.Delta
+				argv[2+2*j], argv[3+2*j] = op.Delta, op.Rate
 			}
 			return keys, argv
 		})
@@ -364,7 +366,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 	type callKey struct {
 		group  int
 		prefix string
-		rules  *TakeRule
+		rules  *local.Rule
 		n      int
 	}
 	var calls []*call
@@ -409,33 +411,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 		}
 		cmds := s.exec(ctx, takeScript, false, send, func(i int) ([]string, []any) {
 			c := calls[i]
-			rules := c.reqs[0].Rules
-			keys := make([]string, 0, 1+2*len(rules)*len(c.reqs))
-			keys = append(keys, markerKey(c.reqs[0].Prefix, 't', s.slotOf(c.group), node))
-			argv := make([]any, 0, 5+3*len(rules)+3*len(c.reqs))
-			argv = append(argv, c.seq, ttl, c.reqs[0].Deadline, len(c.reqs), len(rules))
-			for _, rule := range rules {
-				fixed := 0
-				if rule.Fixed {
-					fixed = 1
-				}
-				argv = append(argv, rule.Limit, rule.Window, fixed)
-			}
-			for _, r := range c.reqs {
-				flags := 0
-				if r.Peek {
-					flags |= 1
-				}
-				if r.CountDenied {
-					flags |= 2
-				}
-				argv = append(argv, r.Cost, flags, r.Now)
-				for _, rule := range rules {
-					id := r.Now / (rule.Window * 1000)
-					keys = append(keys, CounterKey(r.Prefix, Counter{r.Key, rule.Window, id}), CounterKey(r.Prefix, Counter{r.Key, rule.Window, id - 1}))
-				}
-			}
-			return keys, argv
+			return takeArgs(markerKey(c.reqs[0].Prefix, 't', s.slotOf(c.group), node), c.seq, ttl, c.reqs)
 		})
 		outcome := make(map[string]error, 1)
 		for k, i := range send {
@@ -466,6 +442,81 @@ func (s *Redis) releaseStream(id int) {
 	s.streamMu.Unlock()
 }
 
+// kindCode returns the take script's code of a rule's kind.
+func kindCode(k local.Kind) int {
+	switch k {
+	case local.Sliding:
+		return 0
+	case local.Fixed:
+		return 1
+	case local.Buckets:
+		return 2
+	case local.Log:
+		return 3
+	}
+	return 4
+}
+
+// takeArgs returns the take script's keys and arguments for reqs, which
+// share their rules.
+func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]string, []any) {
+	rules := reqs[0].Rules
+	logCap, longLog := int64(0), int64(0)
+	for i := range rules {
+		if rules[i].Kind() == local.Log {
+			logCap, longLog = max(logCap, rules[i].Limit()), max(longLog, rules[i].Window().Microseconds())
+		}
+	}
+	keys := append(make([]string, 0, 1+3*len(rules)*len(reqs)), marker)
+	argv := make([]any, 0, 5+5*len(rules)+3*len(reqs))
+	argv = append(argv, seq, ttl, reqs[0].Deadline, len(reqs), len(rules))
+	for i := range rules {
+		r := &rules[i]
+		w, span := r.Counter()
+		var wus, param int64 = w.Microseconds(), span
+		switch r.Kind() {
+		case local.Log:
+			wus, param = r.Window().Microseconds(), logCap
+		case local.GCRA, local.Leaky:
+			wus, param = r.Interval().Microseconds(), r.Burst()
+		}
+		argv = append(argv, kindCode(r.Kind()), r.Limit(), wus, param, longLog)
+	}
+	for _, q := range reqs {
+		flags := 0
+		if q.Peek {
+			flags |= 1
+		}
+		if q.CountDenied {
+			flags |= 2
+		}
+		argv = append(argv, q.Cost, flags, q.Now)
+		for i := range rules {
+			r := &rules[i]
+			switch r.Kind() {
+			case local.Log:
+				keys = append(keys, LogKey(q.Prefix, q.Key))
+			case local.GCRA, local.Leaky:
+				keys = append(keys, CounterKey(q.Prefix, CounterOf(r, q.Key, 0)))
+			default:
+				w, span := r.Counter()
+				id := q.Now / w.Microseconds()
+				switch r.Kind() {
+				case local.Buckets:
+					for j := range span {
+						keys = append(keys, CounterKey(q.Prefix, CounterOf(r, q.Key, id-span+1+j)))
+					}
+				case local.Fixed:
+					keys = append(keys, CounterKey(q.Prefix, CounterOf(r, q.Key, id)))
+				default:
+					keys = append(keys, CounterKey(q.Prefix, CounterOf(r, q.Key, id)), CounterKey(q.Prefix, CounterOf(r, q.Key, id-1)))
+				}
+			}
+		}
+	}
+	return keys, argv
+}
+
 // readTake sets the results of reqs from their script call.
 func readTake(cmd *redis.Cmd, reqs []*TakeRequest) {
 	fail := func(st Status, err error) {
@@ -494,21 +545,44 @@ func readTake(cmd *redis.Cmd, reqs []*TakeRequest) {
 		fail(InDoubt, errors.New("store: redis take: a later call overwrote this call's outcome"))
 		return
 	}
-	n := len(reqs[0].Rules)
-	if len(vals) != 1+len(reqs)*(1+2*n) {
-		fail(InDoubt, fmt.Errorf("store: redis take script replied %d values, want %d", len(vals), 1+len(reqs)*(1+2*n)))
-		return
-	}
 	at := 1
-	for _, r := range reqs {
-		r.Counts = resize(r.Counts, n)
-		r.Allowed = vals[at] == 1
+	next := func() int64 {
+		if at >= len(vals) {
+			at++
+			return 0
+		}
 		at++
-		for j := range n {
-			r.Counts[j] = WindowCounts{Cur: vals[at], Prev: vals[at+1]}
-			at += 2
+		return vals[at-1]
+	}
+	for _, r := range reqs {
+		r.Counts = resize(r.Counts, len(r.Rules))
+		r.Allowed = next() == 1
+		for j := range r.Rules {
+			rule := &r.Rules[j]
+			w, span := rule.Counter()
+			el := r.Now % w.Microseconds() * 1000
+			var c local.Counts
+			switch rule.Kind() {
+			case local.Sliding:
+				c = local.Counts{Cur: next(), Prev: next(), Elapsed: el}
+			case local.Fixed:
+				c = local.Counts{Cur: next(), Elapsed: el}
+			case local.Buckets:
+				c = local.Counts{Buckets: make([]int64, span), Elapsed: el}
+				for k := range c.Buckets {
+					c.Buckets[k] = next()
+				}
+			case local.Log:
+				c = local.Counts{Cur: next(), Expire: next() * 1000, Reset: next() * 1000}
+			default:
+				c = local.Counts{Tat: next() * 1000}
+			}
+			r.Counts[j] = c
 		}
 		r.Status, r.Err = Applied, nil
+	}
+	if at != len(vals) {
+		fail(InDoubt, fmt.Errorf("store: redis take script replied %d values, want %d", len(vals), at))
 	}
 }
 

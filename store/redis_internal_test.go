@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/local"
 )
 
 // A take call sent twice (a client's retry after a lost reply) is decided
@@ -23,10 +24,11 @@ func TestTakeScriptRetryIsDecidedOnce(t *testing.T) {
 	id := now / (w * 1000)
 	marker := markerKey(pfx, 't', Slot("k"), "test.0")
 	cur := CounterKey(pfx, Counter{Key: "k", Window: w, ID: id})
-	prev := CounterKey(pfx, Counter{Key: "k", Window: w, ID: id - 1})
+	rule := local.NewRule(local.Spec{Kind: local.Sliding, Limit: 1, Window: time.Duration(w) * time.Millisecond})
 	run := func(seq int64) []int64 {
-		deadline := time.Now().Add(time.Minute).UnixMicro()
-		v, err := takeScript.Run(ctx, c, []string{marker, cur, prev}, seq, 60_000, deadline, 1, 1, 1, w, 0, 1, 0, now).Int64Slice()
+		r := &TakeRequest{Prefix: pfx, Key: "k", Rules: []local.Rule{rule}, Now: now, Deadline: time.Now().Add(time.Minute).UnixMicro(), Cost: 1}
+		keys, argv := takeArgs(marker, uint64(seq), 60_000, []*TakeRequest{r})
+		v, err := takeScript.Run(ctx, c, keys, argv...).Int64Slice()
 		require.NoError(t, err)
 		return v
 	}

@@ -81,7 +81,7 @@ func TestRedisBreaker(t *testing.T) {
 	require.NotEqual(t, store.Applied, b.Status)
 	calls := s.Calls()
 	start := time.Now()
-	r := newTake(pfx, "brk", future, 1, false, false, store.TakeRule{Limit: 10, Window: w})
+	r := newTake(pfx, "brk", future, 1, false, false, wr(10, w))
 	require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
 	assert.Less(t, time.Since(start), 50*time.Millisecond, "failed at once")
 	assert.Equal(t, store.Failed, r.Status)
@@ -89,7 +89,7 @@ func TestRedisBreaker(t *testing.T) {
 	assert.Equal(t, calls, s.Calls(), "nothing sent while the circuit is open")
 	p.Up()
 	time.Sleep(350 * time.Millisecond)
-	r = newTake(pfx, "brk", future, 1, false, false, store.TakeRule{Limit: 10, Window: w})
+	r = newTake(pfx, "brk", future, 1, false, false, wr(10, w))
 	require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
 	assert.Equal(t, store.Applied, r.Status, "the probe closes the circuit: %v", r.Err)
 }
@@ -110,11 +110,11 @@ func TestRedisScriptsAndExpiry(t *testing.T) {
 	key := store.CounterKey(pfx, store.Counter{Key: "exp", Window: w, ID: id})
 	ttl, err := c.PTTL(ctx, key).Result()
 	require.NoError(t, err)
-	want := time.Until(time.UnixMilli(store.ExpireAt(w, id)))
+	want := time.Until(time.UnixMilli(store.ExpireAt(w, id, 1)))
 	assert.InDelta(t, float64(want), float64(ttl), float64(2*time.Second), "a counter expires a minute after its window stops counting")
 
 	require.NoError(t, c.ScriptFlush(ctx).Err())
-	r := newTake(pfx, "exp", time.Now().UnixMilli(), 1, false, false, store.TakeRule{Limit: 10, Window: w})
+	r := newTake(pfx, "exp", time.Now().UnixMilli(), 1, false, false, wr(10, w))
 	take(t, s, r)
 	assert.True(t, r.Allowed)
 

@@ -9,31 +9,45 @@ import "github.com/redis/go-redis/v9"
 // pushScript applies one Batch at most once.
 //
 //	KEYS: the node's push marker of the group, then one counter per op
-//	ARGV: seq, marker TTL (ms), then one delta per op
+//	ARGV: seq, marker TTL (ms), then per op: delta, rate (µs; 0 for a
+//	      window's count)
 //	reply: applied before (0 or 1), then per op the counter's value, or
 //	an error for a counter that holds something other than an integer
 //
-// A counter the batch creates expires after its window stops counting
-// (store.ExpireAt), computed from the window size and id at the end of its
-// key.
+// A count the batch creates expires once no window counts it
+// (store.ExpireAt), computed from the window, span and id at the end of its
+// key. An arrival time (rate > 0) moves delta intervals past max(itself,
+// TIME) and expires a minute after it has passed.
 var pushScript = redis.NewScript(`
 if redis.replicate_commands then redis.replicate_commands() end
 local seq = tonumber(ARGV[1])
 local m = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local dup = m >= seq
 local out = {dup and 1 or 0}
+local now
 for i = 2, #KEYS do
-  local d = tonumber(ARGV[i + 1])
+  local d, rate = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
   local v
   if dup or d == 0 then
     local s = redis.call('GET', KEYS[i])
     v = tonumber(s or '0')
     if v == nil then v = {err = 'counter holds a value that is not an integer'} end
+  elseif rate > 0 then
+    if not now then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    end
+    local tat = tonumber(redis.call('GET', KEYS[i]) or '0') or 0
+    if d > 0 and tat < now then tat = now end
+    tat = tat + d * rate
+    redis.call('SET', KEYS[i], tat, 'PX', math.floor(math.max(tat - now, 0) / 1000) + 60000)
+    v = tat
   else
     v = redis.pcall('INCRBY', KEYS[i], d)
     if v == d then
-      local w, id = string.match(KEYS[i], ':(%d+):(%-?%d+)$')
-      redis.call('PEXPIREAT', KEYS[i], (tonumber(id) + 2) * tonumber(w) + 60000)
+      local w, span, id = string.match(KEYS[i], ':(%d+)x?(%d*):(%-?%d+)$')
+      local sp = tonumber(span) or 1
+      redis.call('PEXPIREAT', KEYS[i], (tonumber(id) + 1 + sp) * tonumber(w) + 60000)
     end
   end
   out[i] = v
@@ -44,22 +58,30 @@ return out
 
 // takeScript decides the TakeRequests of one group, in order, each
 // atomically, and at most once: a call sent again (a client retry) returns
-// the first run's outcomes.
+// the first run's outcomes. Instants and windows are in microseconds.
 //
-//	KEYS: the node's take marker of the group, then per request and rule
-//	      the current window's counter and the previous one's
-//	ARGV: seq, marker TTL (ms), deadline (µs), requests, rules, then per
-//	      rule: limit, window (ms), fixed (0 or 1), then per request:
-//	      cost, flags (1 peek, 2 count denied), now (µs)
+//	KEYS: the node's take marker of the group, then per request and rule:
+//	      kind 0 (sliding): the current window's counter and the previous
+//	      one's; 1 (fixed): the current one's; 2 (buckets): the window's
+//	      buckets, oldest first; 3 (log): the key's log; 4 (gcra, leaky):
+//	      the arrival time
+//	ARGV: seq, marker TTL (ms), deadline, requests, rules, then per rule:
+//	      kind, limit, w (the counter's window; gcra: the interval),
+//	      span (buckets: their number; log: the length kept; gcra: the
+//	      burst), the longest log window (the log's expiry: its newest
+//	      entry no longer counts after it); then per request: cost, flags
+//	      (1 peek, 2 count denied), now
 //	reply: status (0 decided, 1 decided before, 2 past the deadline,
-//	       3 outcome lost), then per request: allowed, then per rule cur
-//	       and prev
+//	       3 outcome lost), then per request: allowed, then per rule:
+//	       sliding: cur, prev; fixed: cur; buckets: the counts; log: the
+//	       count, the wait until the request fits, until the newest
+//	       leaves; gcra: the arrival time minus now
 var takeScript = redis.NewScript(`
 if redis.replicate_commands then redis.replicate_commands() end
 local seq = tonumber(ARGV[1])
 local nreq, nrules = tonumber(ARGV[4]), tonumber(ARGV[5])
 local ra = 6
-local rb = ra + 3 * nrules
+local rb = ra + 5 * nrules
 local done
 local m = redis.call('GET', KEYS[1])
 if m then
@@ -73,46 +95,104 @@ else
   local t = redis.call('TIME')
   if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[3]) then return {2} end
 end
+local kind, limit, w, span, longlog, nkeys = {}, {}, {}, {}, {}, {}
+for i = 1, nrules do
+  local b = ra + 5 * (i - 1)
+  kind[i], limit[i], w[i] = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  span[i], longlog[i] = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+  if kind[i] == 0 then nkeys[i] = 2 elseif kind[i] == 2 then nkeys[i] = span[i] else nkeys[i] = 1 end
+end
+local function num(key) return tonumber(redis.call('GET', key) or '0') or 0 end
 local out = {status}
 local bits = {}
-local k = 1
+local k = 2
 for q = 0, nreq - 1 do
-  local cost = tonumber(ARGV[rb + 3 * q])
-  local flags = tonumber(ARGV[rb + 3 * q + 1])
-  local now = tonumber(ARGV[rb + 3 * q + 2])
+  local cost, flags, now = tonumber(ARGV[rb + 3 * q]), tonumber(ARGV[rb + 3 * q + 1]), tonumber(ARGV[rb + 3 * q + 2])
   local peek, penalty = flags % 2 == 1, math.floor(flags / 2) % 2 == 1
-  local cur, prev = {}, {}
   local ok = 1
-  for i = 0, nrules - 1 do
-    local limit, w, fixed = tonumber(ARGV[ra + 3 * i]), tonumber(ARGV[ra + 3 * i + 1]) * 1000, ARGV[ra + 3 * i + 2] == '1'
-    local c = tonumber(redis.call('GET', KEYS[k + 2 * i + 1]) or '0') or 0
-    local p = 0
-    if not fixed then p = tonumber(redis.call('GET', KEYS[k + 2 * i + 2]) or '0') or 0 end
-    cur[i], prev[i] = c, p
-    local est = c
-    if p > 0 then est = est + p * (w - now % w) / w end
-    if est + cost > limit + 1e-9 then ok = 0 end
+  local vals = {}
+  local kk = k
+  for i = 1, nrules do
+    local kd, L = kind[i], limit[i]
+    if kd == 0 or kd == 1 then
+      local c, p = num(KEYS[kk]), 0
+      if kd == 0 then p = num(KEYS[kk + 1]) end
+      local est = c
+      if p > 0 then est = est + p * (w[i] - now % w[i]) / w[i] end
+      if est + cost > L + 1e-9 then ok = 0 end
+      if kd == 0 then vals[i] = {c, p} else vals[i] = {c} end
+    elseif kd == 2 then
+      local v, sum = {}, 0
+      for j = 1, span[i] do
+        v[j] = num(KEYS[kk + j - 1])
+        sum = sum + v[j]
+      end
+      if sum + cost > L then ok = 0 end
+      vals[i] = v
+    elseif kd == 3 then
+      local key = KEYS[kk]
+      local since = now - w[i]
+      local lo, hi = 0, redis.call('LLEN', key)
+      while lo < hi do
+        local mid = math.floor((lo + hi) / 2)
+        if tonumber(redis.call('LINDEX', key, mid)) > since then lo = mid + 1 else hi = mid end
+      end
+      local expire, reset = 0, 0
+      if lo + cost > L then
+        ok = 0
+        expire = tonumber(redis.call('LINDEX', key, L - cost)) + w[i] - now
+      end
+      if lo > 0 then reset = tonumber(redis.call('LINDEX', key, 0)) + w[i] - now end
+      vals[i] = {lo, expire, reset}
+    else
+      local tat = num(KEYS[kk])
+      if math.max(tat, now) + cost * w[i] - now > span[i] * w[i] then ok = 0 end
+      vals[i] = {tat - now}
+    end
+    kk = kk + nkeys[i]
   end
   if done then
     ok = tonumber(string.sub(done, q + 1, q + 1)) or 0
   elseif not peek and (ok == 1 or penalty) then
-    for i = 0, nrules - 1 do
-      local key = KEYS[k + 2 * i + 1]
-      local v = redis.call('INCRBY', key, cost)
-      if v == cost then
-        local w = tonumber(ARGV[ra + 3 * i + 1])
-        redis.call('PEXPIREAT', key, (math.floor(now / 1000 / w) + 2) * w + 60000)
+    local logged = false
+    kk = k
+    for i = 1, nrules do
+      local kd = kind[i]
+      if kd <= 2 then
+        local key, sp = KEYS[kk], 1
+        if kd == 2 then key, sp = KEYS[kk + span[i] - 1], span[i] end
+        local v = redis.call('INCRBY', key, cost)
+        if v == cost then
+          local wms = w[i] / 1000
+          redis.call('PEXPIREAT', key, (math.floor(now / w[i]) + 1 + sp) * wms + 60000)
+        end
+        if kd == 2 then vals[i][sp] = v else vals[i][1] = v end
+      elseif kd == 3 then
+        if not logged then
+          local key, at = KEYS[kk], now
+          local head = redis.call('LINDEX', key, 0)
+          if head and tonumber(head) > at then at = tonumber(head) end
+          for _ = 1, cost do redis.call('LPUSH', key, at) end
+          redis.call('LTRIM', key, 0, span[i] - 1)
+          redis.call('PEXPIRE', key, math.floor(longlog[i] / 1000))
+          logged = true
+        end
+        vals[i][1] = vals[i][1] + cost
+        vals[i][3] = w[i]
+      else
+        local tat = math.max(num(KEYS[kk]), now) + cost * w[i]
+        redis.call('SET', KEYS[kk], tat, 'PX', math.floor((tat - now) / 1000) + 60000)
+        vals[i][1] = tat - now
       end
-      cur[i] = v
+      kk = kk + nkeys[i]
     end
   end
   bits[#bits + 1] = ok
   out[#out + 1] = ok
-  for i = 0, nrules - 1 do
-    out[#out + 1] = cur[i]
-    out[#out + 1] = prev[i]
+  for i = 1, nrules do
+    for _, x in ipairs(vals[i]) do out[#out + 1] = x end
   end
-  k = k + 2 * nrules
+  k = kk
 end
 if not done then redis.call('SET', KEYS[1], seq .. ':' .. table.concat(bits), 'PX', ARGV[2]) end
 return out

@@ -26,6 +26,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/hybridlimit/hybridlimit/local"
 )
 
 // Store is the shared state of a cluster of limiters. Implementations must
@@ -53,17 +55,23 @@ type Store interface {
 	Time(ctx context.Context) (time.Time, error)
 }
 
-// Counter names one window's counter of one user key.
+// Counter names one counter of one user key: a window's count, or (when
+// Rate is set) a token or leaky bucket's arrival time.
 type Counter struct {
 	Key    string // the user key, any bytes
-	Window int64  // the window size, milliseconds
+	Window int64  // the counter's window (a Bucketed rule's: one bucket), milliseconds
 	ID     int64  // the window's number: its start in Unix milliseconds / Window
+	Span   int64  // the windows a count is counted in (Bucketed: its buckets); 0 means 1
+	Rate   int64  // an arrival time's emission interval, µs; 0 for a window's count
+	Burst  int64  // an arrival time's burst (with Rate it names the counter)
 }
 
 // Op is one operation of a Batch: Delta added to Counter (creating it at
-// zero, with an expiry after the window stops counting; see ExpireAt). A
-// Delta of zero only reads the counter. Deltas may be negative: a node
-// takes back what it counted in error.
+// zero, with an expiry after the window stops counting; see ExpireAt), or
+// for an arrival time (Counter.Rate set) the time moved Delta intervals
+// past max(itself, now), the store's now. A Delta of zero only reads the
+// counter. Deltas may be negative: a node takes back what it counted in
+// error. An arrival time reads and is returned in Unix microseconds.
 type Op struct {
 	Counter
 	Delta int64
@@ -132,39 +140,25 @@ type Batch struct {
 	Err error
 }
 
-// TakeRule is one rule of a TakeRequest.
-type TakeRule struct {
-	Limit  int64 // cost admitted per window
-	Window int64 // window size, milliseconds
-	Fixed  bool  // fixed window: the previous window does not count
-}
-
-// WindowCounts are one rule's counters as a TakeRequest saw them.
-type WindowCounts struct {
-	Cur  int64 // the window holding Now, after the request
-	Prev int64 // the window before (0 for a fixed rule)
-}
-
-// TakeRequest is one decision made in the store (the synchronous mode).
-// With W a rule's window and e = Now mod W, the request is admitted when
-// for every rule
+// TakeRequest is one decision made in the store (the synchronous mode),
+// atomically: every rule is checked as local.Rule.Admits checks it on the
+// counts the store holds at Now (the tests hold every store to that), and,
+// unless Peek is set, an admitted request is counted on every rule (and so
+// is a denied one under CountDenied):
 //
-//	prev·(W−e)/W + cur + Cost ≤ Limit     (sliding)
-//	cur + Cost ≤ Limit                    (fixed)
-//
-// where cur and prev are the counters of Key for the windows holding Now
-// and the one before; this is local.Rule.Admits, and the tests hold every
-// store to it. Unless Peek is set, an admitted request adds Cost to every
-// rule's cur counter, and so does a denied one under CountDenied.
+//	Sliding, Fixed, Buckets: Cost added to the current window's counter
+//	Log: Cost instants Now pushed on the key's log, which keeps as many as
+//	     the largest Log limit and expires after the longest Log window
+//	GCRA, Leaky: the arrival time moved Cost intervals past max(it, Now)
 type TakeRequest struct {
-	Prefix      string     // namespaces the counters
-	Key         string     // the user key
-	Rules       []TakeRule // the rules, in order (read-only, may be shared)
-	Now         int64      // the decision's instant, Unix microseconds on the store's clock
-	Deadline    int64      // the store applies nothing after this instant (Unix µs, store clock)
-	Cost        int64      // added to every rule's current counter
-	Peek        bool       // decide only: change nothing
-	CountDenied bool       // add Cost even when denied (the penalty)
+	Prefix      string       // namespaces the counters
+	Key         string       // the user key
+	Rules       []local.Rule // the rules, in order (read-only, may be shared)
+	Now         int64        // the decision's instant, Unix microseconds on the store's clock
+	Deadline    int64        // the store applies nothing after this instant (Unix µs, store clock)
+	Cost        int64        // added to every rule
+	Peek        bool         // decide only: change nothing
+	CountDenied bool         // count Cost even when denied (the penalty)
 
 	// Results, set by Take.
 
@@ -172,9 +166,10 @@ type TakeRequest struct {
 	Status Status
 	// Allowed reports whether every rule admitted the request.
 	Allowed bool
-	// Counts holds, per rule, the counters the decision saw (cur after the
-	// request). Take allocates it when its length is not len(Rules).
-	Counts []WindowCounts
+	// Counts holds, per rule, the counts the decision saw, after the
+	// request when it was counted, at Now with Elapsed in nanoseconds.
+	// Take allocates it when its length is not len(Rules).
+	Counts []local.Counts
 	// Err says why the request failed or is in doubt.
 	Err error
 }
@@ -184,12 +179,23 @@ type TakeRequest struct {
 // circuit breaker is open), and by wrappers (the simulation's outage).
 var ErrUnavailable = errors.New("store unavailable")
 
-// ExpireAt returns when the counter of window id (size window ms) can go,
-// in Unix milliseconds: after the end of the next window, when it stops
-// being anyone's previous window, plus a minute of margin for clock
-// differences.
-func ExpireAt(window, id int64) int64 {
-	return (id+2)*window + 60_000
+// ExpireAt returns when the counter of window id (size window ms, counted
+// in span windows) can go, in Unix milliseconds: once no window counts it
+// any more (Sliding: after the next window, when it stops being anyone's
+// previous window), plus a minute of margin for clock differences.
+func ExpireAt(window, id, span int64) int64 {
+	return (id+1+max(span, 1))*window + 60_000
+}
+
+// CounterOf returns the store counter of rule r for key: its window
+// counter number id (unused for GCRA and Leaky).
+func CounterOf(r *local.Rule, key string, id int64) Counter {
+	switch r.Kind() {
+	case local.GCRA, local.Leaky:
+		return Counter{Key: key, Rate: r.Interval().Microseconds(), Burst: r.Burst()}
+	}
+	w, span := r.Counter()
+	return Counter{Key: key, Window: w.Milliseconds(), ID: id, Span: span}
 }
 
 // markerTTL is how long a store keeps a node's marker after the last batch

@@ -67,8 +67,6 @@ const (
 type Loop struct {
 	cfg Config
 
-	wms []int64 // window per rule, ms
-
 	mu       sync.Mutex // one cycle at a time; guards the fields below
 	flushing bool
 	seq      uint64
@@ -107,11 +105,7 @@ type span struct {
 
 // New returns a loop for cfg.
 func New(cfg Config) *Loop {
-	l := &Loop{cfg: cfg}
-	for _, r := range cfg.Table.Rules() {
-		l.wms = append(l.wms, r.Window().Milliseconds())
-	}
-	return l
+	return &Loop{cfg: cfg}
 }
 
 // Failing reports whether the last store call failed.
@@ -284,11 +278,9 @@ func (l *Loop) send(ctx context.Context, entries []*local.Entry, final bool) res
 			b.pushes, s.again = l.cfg.Table.Take(e, now, b.pushes)
 		}
 		s.to = len(b.pushes)
+		rules := l.cfg.Table.Rules()
 		for _, p := range b.pushes[s.from:s.to] {
-			b.sb.Ops = append(b.sb.Ops, store.Op{
-				Counter: store.Counter{Key: e.Key(), Window: l.wms[p.Rule], ID: p.Win},
-				Delta:   p.Delta,
-			})
+			b.sb.Ops = append(b.sb.Ops, store.Op{Counter: store.CounterOf(&rules[p.Rule], e.Key(), p.Win), Delta: p.Delta})
 		}
 		b.spans = append(b.spans, s)
 	}

@@ -88,7 +88,7 @@ func newFixture(t *testing.T) *fixture {
 	f := &fixture{mock: clock.NewMock()}
 	f.mock.Set(t0)
 	f.st = &faulty{Memory: store.NewMemory(f.mock)}
-	f.table = local.NewTable(local.Options{Rules: []local.Rule{local.NewRule(1_000_000, time.Minute, false)}, MaxKeys: 1 << 20, Syncing: true})
+	f.table = local.NewTable(local.Options{Rules: []local.Rule{local.NewRule(local.Spec{Kind: local.Sliding, Limit: 1_000_000, Window: time.Minute})}, MaxKeys: 1 << 20, Syncing: true})
 	f.loop = syncloop.New(syncloop.Config{
 		Table: f.table, Store: f.st, Prefix: "hl", Node: "n1",
 		Now:   func() int64 { return f.mock.Now().UnixNano() },

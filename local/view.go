@@ -1,0 +1,215 @@
+package local
+
+import "math"
+
+// maxBuckets is the most buckets a Buckets rule has.
+const maxBuckets = 64
+
+// decide1 is decide for a table of one Sliding or Fixed rule: the same
+// steps, with no bookkeeping of other rules.
+func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
+	r, c := &t.rules[0], &e.c[0]
+	for {
+		w := word(c.word.Load())
+		if w.rolling() {
+			e.waitRoll()
+			continue
+		}
+		win := c.win.Load()
+		el := now - win*r.w
+		if el < 0 || el >= r.w {
+			id, _ := WindowOf(now, r.w)
+			if win < id {
+				if !t.roll(e, 0, id, now) {
+					return Decision{}, closed
+				}
+				continue
+			}
+			el = 0
+		}
+		prev, cur := c.prev.Load(), c.base.Load()+w.count()
+		est := r.estimate(prev, cur, el)
+		rem := r.remaining(est + float64(n))
+		ok := r.admits(est, n)
+		if ok && t.share {
+			if _, room, applies := t.shareRoomOf(e, 0, prev, cur, win, el); applies {
+				ok = float64(n) <= room+Epsilon
+				rem = min(rem, int64(max(room-float64(n), 0)))
+			}
+		}
+		if !ok {
+			var res reserved
+			t.refuse(e, 0, &res, n, now)
+			return Decision{}, refused
+		}
+		nw := w.plus(n)
+		if !c.word.CompareAndSwap(uint64(w), uint64(nw)) {
+			continue
+		}
+		if e.has(flagDead) || (t.syncing && t.closed.Load()) {
+			res := reserved{upto: 1}
+			res.words[0], res.wins[0] = nw, win
+			if e.has(flagDead) {
+				t.undoAll(e, &res, n, now)
+				return Decision{}, retry
+			}
+			if t.closedAfterCommit(e, &res, n, now) {
+				return Decision{}, closed
+			}
+		}
+		e.seen(now)
+		e.allowed.Add(1)
+		if t.syncing {
+			t.touch(e)
+		}
+		return Decision{Allowed: true, Rule: 0, Remaining: rem, ResetAfter: r.resetAfter(prev, cur+n, el)}, admitted
+	}
+}
+
+// denied describes a denied request of cost n on e at now: the reported
+// rule is the one that needs the longest wait.
+func (t *Table) denied(e *Entry, n, now int64) Decision {
+	var v [MaxRules]Counts
+	t.views(e, now, n, v[:len(t.rules)])
+	d := Summarize(t.rules, v[:len(t.rules)], n, false, 1)
+	if !t.share {
+		return d
+	}
+	// The share policy may deny what the plain rule admits: its wait wins
+	// when it is longer.
+	for i := range t.rules {
+		r, c := &t.rules[i], &v[i]
+		if !r.counted() || r.kind == Buckets {
+			continue
+		}
+		id, _ := WindowOf(now, r.w)
+		sv, room, applies := t.shareRoomOf(e, i, c.Prev, c.Cur, id, c.Elapsed)
+		if !applies {
+			continue
+		}
+		if retry := r.shareRetry(sv, room, c.Prev, c.Elapsed, n); retry > d.RetryAfter {
+			d.Rule, d.RetryAfter, d.Remaining = i, retry, int64(max(room, 0))
+			d.ResetAfter = r.resetAfter(c.Prev, c.Cur, c.Elapsed)
+		}
+	}
+	return d
+}
+
+// views fills dst with every rule's counts of e at now, without changing
+// them, as if rolled over, for a request of cost n.
+func (t *Table) views(e *Entry, now, n int64, dst []Counts) {
+	for i := range t.rules {
+		dst[i] = t.view(e, i, now, n)
+	}
+}
+
+// view reads rule i of e at now without changing it, as if rolled over,
+// for a request of cost n.
+func (t *Table) view(e *Entry, i int, now, n int64) Counts {
+	r, c := &t.rules[i], &e.c[i]
+	switch r.kind {
+	case Log:
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if e.s != nil && e.s[i].obsAt != 0 {
+			// The synchronous mode: the store keeps the log; what its last
+			// decision saw, aged.
+			o, age := e.s[i].obs, now-e.s[i].obsAt
+			o.Expire, o.Reset = max(o.Expire-age, 0), max(o.Reset-age, 0)
+			if o.Reset == 0 {
+				o.Cur = 0
+			}
+			return o
+		}
+		if e.log == nil {
+			return Counts{}
+		}
+		return e.log.counts(r, now, n)
+	case GCRA, Leaky:
+		if !t.syncing {
+			return Counts{Tat: c.base.Load() - now}
+		}
+		w := word(c.word.Load())
+		return Counts{Tat: max(c.prev.Load(), now) + (c.base.Load()+w.count())*r.t - now}
+	}
+	id, el := WindowOf(now, r.w)
+	w := word(c.word.Load())
+	win := c.win.Load()
+	cur := c.base.Load() + w.count()
+	if r.kind == Buckets {
+		b := make([]int64, r.span)
+		if win > id {
+			win, el = id, 0
+		}
+		if win == id {
+			return Counts{Buckets: t.bucketCounts(e, i, win, cur, b), Elapsed: el}
+		}
+		// Rolled over since: the buckets still in the window, the current
+		// one empty.
+		full := t.bucketCounts(e, i, win, cur, make([]int64, r.span))
+		for k := range r.span {
+			if src := k + (id - win); src < r.span {
+				b[k] = full[src]
+			}
+		}
+		b[r.span-1] = 0
+		if id-win < r.span {
+			b[r.span-1-(id-win)] = cur
+		}
+		return Counts{Buckets: b, Elapsed: el}
+	}
+	prev := c.prev.Load()
+	switch {
+	case win == id-1:
+		prev, cur = cur, 0
+	case win < id-1:
+		prev, cur = 0, 0
+	case win > id:
+		el = 0
+	}
+	return Counts{Prev: prev, Cur: cur, Elapsed: el}
+}
+
+// Peek reports whether a request of cost n for key would be admitted at
+// now, without counting anything; Remaining is what is left before the
+// request. It creates no entry.
+func (t *Table) Peek(key string, n, now int64) Decision {
+	var v [MaxRules]Counts
+	t.View(key, now, n, v[:len(t.rules)])
+	allowed := true
+	for i := range t.rules {
+		allowed = allowed && t.rules[i].Admits(v[i], n)
+	}
+	if allowed {
+		// Remaining before the request: describe it with a zero cost.
+		return Summarize(t.rules, v[:len(t.rules)], 0, true, 1)
+	}
+	return Summarize(t.rules, v[:len(t.rules)], n, false, 1)
+}
+
+// View fills dst (one element per rule) with key's counts at now as this
+// node sees them, for a request of cost n, and reports whether the key is
+// tracked (untracked keys read as empty).
+func (t *Table) View(key string, now, n int64, dst []Counts) bool {
+	e, ok := t.load(t.hash(key))
+	if ok {
+		t.views(e, now, n, dst)
+		return true
+	}
+	for i := range t.rules {
+		r := &t.rules[i]
+		switch r.kind {
+		case Buckets:
+			_, el := WindowOf(now, r.w)
+			dst[i] = Counts{Buckets: make([]int64, r.span), Elapsed: el}
+		case GCRA, Leaky:
+			dst[i] = Counts{Tat: math.MinInt64 / 2}
+		case Log:
+			dst[i] = Counts{}
+		default:
+			_, el := WindowOf(now, r.w)
+			dst[i] = Counts{Elapsed: el}
+		}
+	}
+	return false
+}

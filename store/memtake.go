@@ -1,0 +1,180 @@
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/local"
+)
+
+// The memory store's arrival times, logs and synchronous decisions: the
+// same semantics as the Redis store's scripts (scripts.go).
+
+// advance moves the arrival time key d intervals of rate µs past
+// max(itself, now µs) (d < 0 takes back) and returns it.
+func (s *Memory) advance(key string, d, rate, now int64) int64 {
+	tat := s.get(key, now/1000)
+	if d > 0 {
+		tat = max(tat, now)
+	}
+	tat += d * rate
+	s.m[key] = memCounter{v: tat, exp: max(tat, now)/1000 + 60_000}
+	return tat
+}
+
+// log returns key's log, dropping it when expired.
+func (s *Memory) log(key string, nowMs int64) *memLog {
+	l := s.logs[key]
+	if l != nil && l.exp <= nowMs {
+		delete(s.logs, key)
+		return nil
+	}
+	return l
+}
+
+// Take implements Store.
+func (s *Memory) Take(ctx context.Context, reqs []*TakeRequest) error {
+	if err := ctx.Err(); err != nil {
+		for _, r := range reqs {
+			r.Status, r.Err = Failed, err
+		}
+		return err
+	}
+	s.calls.Add(1)
+	s.ops.Add(uint64(len(reqs)))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	nowT := s.clock.Now()
+	s.maybeSweep(nowT.UnixMilli())
+	for _, r := range reqs {
+		if err := r.check(); err != nil {
+			r.Status, r.Err = Failed, err
+			continue
+		}
+		if r.Deadline != 0 && nowT.UnixMicro() > r.Deadline {
+			r.Status, r.Err = Failed, errDeadline
+			continue
+		}
+		s.take(r, nowT.UnixMilli())
+		r.Status, r.Err = Applied, nil
+	}
+	return nil
+}
+
+// take decides r at the store's instant nowMs (expiries); the decision
+// itself is at r.Now.
+func (s *Memory) take(r *TakeRequest, nowMs int64) {
+	r.Counts = resize(r.Counts, len(r.Rules))
+	r.Allowed = true
+	for j := range r.Rules {
+		r.Counts[j] = s.counts(r, &r.Rules[j], nowMs)
+		if !r.Rules[j].Admits(r.Counts[j], r.Cost) {
+			r.Allowed = false
+		}
+	}
+	if r.Peek || !(r.Allowed || r.CountDenied) {
+		return
+	}
+	logged := false
+	for j := range r.Rules {
+		rule, c := &r.Rules[j], &r.Counts[j]
+		switch rule.Kind() {
+		case local.Log:
+			if !logged {
+				s.logPush(r, nowMs)
+				logged = true
+			}
+			c.Cur += r.Cost
+			c.Reset = int64(rule.Window())
+		case local.GCRA, local.Leaky:
+			tat := s.advance(CounterKey(r.Prefix, CounterOf(rule, r.Key, 0)), r.Cost, rule.Interval().Microseconds(), r.Now)
+			c.Tat = (tat - r.Now) * 1000
+		default:
+			w, span := rule.Counter()
+			wus := w.Microseconds()
+			id := r.Now / wus
+			v := s.incr(CounterKey(r.Prefix, CounterOf(rule, r.Key, id)), r.Cost, nowMs, ExpireAt(w.Milliseconds(), id, span))
+			if rule.Kind() == local.Buckets {
+				c.Buckets[len(c.Buckets)-1] = v
+			} else {
+				c.Cur = v
+			}
+		}
+	}
+}
+
+// counts reads rule's counts of r's key at r.Now.
+func (s *Memory) counts(r *TakeRequest, rule *local.Rule, nowMs int64) local.Counts {
+	switch rule.Kind() {
+	case local.Log:
+		return s.logCounts(r, rule, nowMs)
+	case local.GCRA, local.Leaky:
+		tat := s.get(CounterKey(r.Prefix, CounterOf(rule, r.Key, 0)), nowMs)
+		return local.Counts{Tat: (tat - r.Now) * 1000}
+	}
+	w, span := rule.Counter()
+	wus := w.Microseconds()
+	id := r.Now / wus
+	el := r.Now % wus * 1000
+	get := func(id int64) int64 { return s.get(CounterKey(r.Prefix, CounterOf(rule, r.Key, id)), nowMs) }
+	switch rule.Kind() {
+	case local.Buckets:
+		b := make([]int64, span)
+		for k := range span {
+			b[k] = get(id - span + 1 + k)
+		}
+		return local.Counts{Buckets: b, Elapsed: el}
+	case local.Fixed:
+		return local.Counts{Cur: get(id), Elapsed: el}
+	}
+	return local.Counts{Cur: get(id), Prev: get(id - 1), Elapsed: el}
+}
+
+// logCounts reads a Log rule's counts of r's key at r.Now for r.Cost.
+func (s *Memory) logCounts(r *TakeRequest, rule *local.Rule, nowMs int64) local.Counts {
+	l := s.log(LogKey(r.Prefix, r.Key), nowMs)
+	if l == nil {
+		return local.Counts{}
+	}
+	w := rule.Window().Microseconds()
+	n := int64(0)
+	for n < int64(len(l.ts)) && l.ts[n] > r.Now-w {
+		n++
+	}
+	c := local.Counts{Cur: n}
+	if k := n + r.Cost - rule.Limit(); k > 0 {
+		c.Expire = (l.ts[n-k] + w - r.Now) * 1000
+	}
+	if n > 0 {
+		c.Reset = (l.ts[0] + w - r.Now) * 1000
+	}
+	return c
+}
+
+// logPush logs r.Cost instants r.Now on r's key, keeping the largest Log
+// limit of r's rules, expiring after the longest Log window.
+func (s *Memory) logPush(r *TakeRequest, nowMs int64) {
+	keep, longest := int64(0), time.Duration(0)
+	for j := range r.Rules {
+		if r.Rules[j].Kind() == local.Log {
+			keep, longest = max(keep, r.Rules[j].Limit()), max(longest, r.Rules[j].Window())
+		}
+	}
+	key := LogKey(r.Prefix, r.Key)
+	l := s.log(key, nowMs)
+	if l == nil {
+		l = &memLog{}
+		s.logs[key] = l
+	}
+	at := r.Now
+	if len(l.ts) > 0 {
+		at = max(at, l.ts[0]) // newest first, whatever order the nodes' instants arrive in
+	}
+	for range r.Cost {
+		l.ts = append([]int64{at}, l.ts...)
+	}
+	if int64(len(l.ts)) > keep {
+		l.ts = l.ts[:keep]
+	}
+	l.exp = nowMs + longest.Milliseconds()
+}
