@@ -274,3 +274,58 @@ func TestMixedAlgorithmsAllOrNothing(t *testing.T) {
 			"the denied requests took nothing from the token bucket or the hour")
 	})
 }
+
+// The async mode for every algorithm: each node decides on the store's
+// state of its last sync (a bucket's arrival time, the windows' counts) and
+// its own cost since; window rules (a Log rule counts in buckets in this
+// mode) by the share policy. Four nodes round robin at twice the rate admit
+// the rate, give or take what one node cannot see of the others within a
+// sync period.
+func TestAsyncAlgorithms(t *testing.T) {
+	over := map[Algorithm]float64{Fixed: 1.03, Sliding: 1.03, TokenBucket: 1.03, LeakyBucket: 1.03, Bucketed: 1.06, Log: 1.06}
+	for _, rule := range []Rule{
+		{Limit: 400, Window: time.Second, Type: Fixed},
+		{Limit: 400, Window: time.Second, Type: Sliding},
+		{Limit: 400, Window: time.Second, Type: TokenBucket, Burst: 40},
+		{Limit: 400, Window: time.Second, Type: LeakyBucket, Burst: 40},
+		{Limit: 400, Window: time.Second, Type: Bucketed, Buckets: 10},
+		{Limit: 400, Window: time.Second, Type: Log},
+	} {
+		t.Run(rule.Type.String(), func(t *testing.T) {
+			mock := &stepClock{Mock: clock.NewMock()}
+			mock.Set(at(4, 0, 0))
+			mem := store.NewMemory(mock)
+			var nodes []*Limiter
+			for i := range 4 {
+				l, err := New(Config{Rules: []Rule{rule}, Mode: ModeAsync, Store: mem, SyncRate: 100 * time.Millisecond,
+					Clock: mock, Manual: true, Seed: uint64(i + 1)})
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = l.Close(context.Background()) })
+				nodes = append(nodes, l)
+			}
+			ctx := context.Background()
+			start := mock.Now()
+			admitted := 0
+			gap := time.Second / 800
+			for i := 0; i < 8*800; i++ {
+				now := start.Add(time.Duration(i) * gap)
+				mock.Set(now)
+				if i%80 == 0 { // every 100 ms, staggered by a quarter period
+					_ = nodes[i/80%4].Sync(ctx)
+				}
+				if i%20 == 0 {
+					_ = nodes[i/20%4].Sync(ctx)
+				}
+				res, err := nodes[i%4].Allow(ctx, "k")
+				require.NoError(t, err)
+				if res.Allowed && i >= 2*800 {
+					admitted++
+				}
+			}
+			perSecond := float64(admitted) / 6
+			t.Logf("%v: %.0f admitted per second for a rate of 400", rule, perSecond)
+			assert.GreaterOrEqual(t, perSecond, 400*0.97)
+			assert.LessOrEqual(t, perSecond, 400*over[rule.Type])
+		})
+	}
+}

@@ -248,7 +248,13 @@ func (t *Table) counts(e *Entry, i int, w word, win, el, now, n int64, buf []int
 	switch r.kind {
 	case Buckets:
 		b := t.bucketCounts(e, i, win, cur, buf)
-		return Counts{Buckets: b, Elapsed: el}, r.bucketSum(b)+n <= r.limit, -1
+		ok := r.bucketSum(b)+n <= r.limit
+		if ok && t.share {
+			if room, applies := t.bucketShareRoomOf(e, i, b, win); applies {
+				return Counts{Buckets: b, Elapsed: el}, float64(n) <= room+Epsilon, int64(max(room, 0))
+			}
+		}
+		return Counts{Buckets: b, Elapsed: el}, ok, -1
 	case GCRA, Leaky:
 		// The store's arrival time as last read, moved by this node's
 		// cost not yet in it.

@@ -203,12 +203,19 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 		// while it holds more than what the cluster admits in a few sync
 		// periods, no node can run it out before the next sync, and the
 		// plain rule decides (no false denials under the limit).
-		weight := 0.0
-		if !r.fixed {
-			_, el := WindowOf(now, r.w)
-			weight = float64(r.w-el) * r.invW
+		var known float64
+		if r.kind == Buckets {
+			var buf [maxBuckets]int64
+			known = float64(r.bucketSum(t.bucketCounts(e, i, win, cur, buf[:])))
+		} else {
+			weight := 0.0
+			if !r.fixed {
+				_, el := WindowOf(now, r.w)
+				weight = float64(r.w-el) * r.invW
+			}
+			known = float64(e.c[i].prev.Load())*weight + float64(cur)
 		}
-		headroom := r.limitF - float64(e.c[i].prev.Load())*weight - float64(cur) - lag
+		headroom := r.limitF - known - lag
 		if share*r.limitF*st.period*r.invW >= shareMinCount && headroom < headroomFactor*st.allAvg {
 			v.share = share
 			v.lag = lag
@@ -249,4 +256,46 @@ func (t *Table) shareRoomOf(e *Entry, i int, prev, cur, win, el int64) (snapValu
 	}
 	room, ok := t.rules[i].shareRoom(v, prev, cur, win, el)
 	return v, room, ok
+}
+
+// bucketRoom is shareRoom for a Buckets rule: b holds the window's bucket
+// counts (ids win−span+1 … win) as this node sees them. What this node
+// counted since its sync is in the snapshot's bucket (beyond its base) and
+// the buckets after it; the rest is the cluster's as of the sync.
+func (r *Rule) bucketRoom(v snapValues, b []int64, win int64) (room float64, ok bool) {
+	if v.share >= 1 {
+		return 0, false
+	}
+	first := win - r.span + 1
+	var own, all int64
+	for k, n := range b {
+		id := first + int64(k)
+		all += n
+		switch {
+		case id == v.win:
+			own += n - v.base
+		case id > v.win:
+			own += n
+		}
+	}
+	lag := v.lag
+	if v.win < first {
+		lag = 0 // the sync's bucket has left the window, and its lag with it
+	}
+	known := float64(all - own)
+	return v.share*(r.limitF-known-lag) + v.dith - float64(own), true
+}
+
+// bucketShareRoomOf returns the share policy's room for Buckets rule i of
+// e, whose counts are b in window win.
+func (t *Table) bucketShareRoomOf(e *Entry, i int, b []int64, win int64) (float64, bool) {
+	x := e.s[i].share.Load()
+	if x == nil {
+		return 0, false
+	}
+	v, ok := x.snap.load()
+	if !ok {
+		return 0, false
+	}
+	return t.rules[i].bucketRoom(v, b, win)
 }

@@ -79,7 +79,19 @@ func (t *Table) denied(e *Entry, n, now int64) Decision {
 	// when it is longer.
 	for i := range t.rules {
 		r, c := &t.rules[i], &v[i]
-		if !r.counted() || r.kind == Buckets {
+		if r.kind == Buckets {
+			id, el := WindowOf(now, r.w)
+			if room, applies := t.bucketShareRoomOf(e, i, c.Buckets, id); applies && float64(n) > room+Epsilon {
+				// Room grows as buckets leave: at the next boundary at the
+				// earliest.
+				if retry := max(r.w-el, 1000); retry > d.RetryAfter {
+					d.Rule, d.RetryAfter, d.Remaining = i, retry, int64(max(room, 0))
+					d.ResetAfter = r.w*r.span - el
+				}
+			}
+			continue
+		}
+		if !r.counted() {
 			continue
 		}
 		id, _ := WindowOf(now, r.w)
