@@ -2,6 +2,7 @@ package hybridlimit
 
 import (
 	"context"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -328,4 +329,37 @@ func TestAsyncAlgorithms(t *testing.T) {
 			assert.LessOrEqual(t, perSecond, 400*over[rule.Type])
 		})
 	}
+}
+
+// A LeakyBucket rule delays requests as a queue served at the rate does:
+// each request waits for the requests ahead of it to leave, one interval
+// per unit of cost, and is refused when it would wait for more than the
+// queue holds. Random arrivals, the queue as a reference.
+func TestLeakyBucketMatchesAQueue(t *testing.T) {
+	const interval = 50 * time.Millisecond // 20 per second
+	rules := []Rule{{Limit: 20, Window: time.Second, Type: LeakyBucket, Burst: 6}}
+	eachMode(t, rules, func(t *testing.T, l *Limiter, mock *stepClock) {
+		rng := rand.New(rand.NewPCG(3, 4))
+		now := at(3, 0, 0)
+		var free time.Time // when the queue's last admitted request has left
+		for i := range 2000 {
+			now = now.Add(time.Duration(rng.ExpFloat64() * float64(40*time.Millisecond)).Truncate(time.Microsecond))
+			mock.Set(now)
+			n := 1 + rng.Int64N(2)
+			start := now // the request's turn
+			if free.After(start) {
+				start = free
+			}
+			fits := start.Add(time.Duration(n)*interval).Sub(now) <= 6*interval
+			res, err := l.AllowN(context.Background(), "q", n)
+			require.NoError(t, err)
+			require.Equal(t, fits, res.Allowed, "request %d", i)
+			if fits {
+				require.Equal(t, start.Sub(now), res.Delay, "request %d: its wait", i)
+				free = start.Add(time.Duration(n) * interval)
+			} else {
+				require.Equal(t, start.Add(time.Duration(n)*interval).Sub(now)-6*interval, res.RetryAfter, "request %d", i)
+			}
+		}
+	})
 }

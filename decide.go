@@ -277,5 +277,5 @@ func (l *Limiter) failClosed() Result {
 // untouched.
 func (l *Limiter) fresh() Result {
 	r := &l.cfg.Rules[l.minRule]
-	return Result{Allowed: true, Rule: l.minRule, Limit: r.Limit, Window: r.Window, Remaining: r.Limit}
+	return Result{Allowed: true, Rule: l.minRule, Limit: r.Limit, Window: r.Window, Remaining: r.maxCost()}
 }

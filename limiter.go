@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/hybridlimit/hybridlimit/local"
 	syncloop "github.com/hybridlimit/hybridlimit/sync"
 )
@@ -245,3 +246,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 	})
 	return l.closeErr
 }
+
+// Clock returns the clock the limiter measures time on: Config.Clock, or
+// the system clock. Middleware that waits a Result's Delay waits on it.
+func (l *Limiter) Clock() clock.Clock { return l.cfg.Clock }

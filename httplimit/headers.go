@@ -64,6 +64,20 @@ func appendSFString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
+// quotaOf returns a rule's quota and the window it is given over: Limit
+// per Window; for a token or leaky bucket, its burst over the time the
+// burst takes at the rate.
+func quotaOf(r hybridlimit.Rule) (int64, time.Duration) {
+	if r.Type != hybridlimit.TokenBucket && r.Type != hybridlimit.LeakyBucket {
+		return r.Limit, r.Window
+	}
+	burst := r.Burst
+	if burst == 0 {
+		burst = r.Limit
+	}
+	return burst, time.Duration(float64(r.Window) * float64(burst) / float64(r.Limit))
+}
+
 // seconds rounds d up to whole seconds, never below zero: the
 // delay-seconds of Retry-After and the draft's "w" and "t" parameters.
 func seconds(d time.Duration) int64 {
@@ -122,17 +136,20 @@ func newPolicy(rules []hybridlimit.Rule, names []string, field string) (*Policy,
 	// One Item per rule: the policy name with its quota "q" and window "w"
 	// in seconds. The draft allows no sub-second window, so a window that
 	// is not a whole number of seconds is rounded up, which understates the
-	// rate (q/w), never overstates it.
+	// rate (q/w), never overstates it. A token or leaky bucket's quota is
+	// its burst, and its window the time the burst takes to come back at
+	// the rate: q/w is the rate.
 	var b []byte
 	for i, r := range rules {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
+		q, w := quotaOf(r)
 		b = appendSFString(b, p.names[i])
 		b = append(b, ";q="...)
-		b = strconv.AppendInt(b, r.Limit, 10)
+		b = strconv.AppendInt(b, q, 10)
 		b = append(b, ";w="...)
-		b = strconv.AppendInt(b, max(seconds(r.Window), 1), 10)
+		b = strconv.AppendInt(b, max(seconds(w), 1), 10)
 	}
 	p.field = string(b)
 	return p, nil

@@ -6,7 +6,10 @@
 // RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers,
 // structured-field syntax, one policy per rule) and the widely used
 // RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset (describing the
-// tightest rule).
+// tightest rule). A token or leaky bucket rule is advertised by its burst,
+// over the time the burst takes to refill at the rate. A request admitted
+// by a LeakyBucket rule reaches the handler at its turn in the queue
+// (Result.Delay, waited on the limiter's clock).
 //
 // The middleware adds no I/O of its own: with a limiter in ModeLocal or
 // ModeAsync a request costs a key lookup and a few atomic operations, and
@@ -75,7 +78,7 @@ type Options struct {
 
 	// RetryJitter, if positive, adds a uniformly random delay between zero
 	// and RetryJitter to Retry-After, so that clients denied together do
-	// not all come back at the same second.
+	// not all come back at the same second. At most MaxRetryJitter.
 	RetryJitter time.Duration
 
 	// HideDraftHeaders omits RateLimit-Policy and RateLimit;
@@ -90,6 +93,9 @@ type Options struct {
 	PolicyNames []string
 }
 
+// MaxRetryJitter is the largest Options.RetryJitter.
+const MaxRetryJitter = time.Hour
+
 // Middleware rate-limits HTTP requests with a hybridlimit.Limiter. Create
 // one with New; the zero value is not usable. A Middleware is safe for
 // concurrent use, and one Middleware can wrap any number of handlers
@@ -102,6 +108,7 @@ type Middleware struct {
 	policy   *Policy
 	multi    bool // several rules: the RateLimit field needs State
 	minLimit int64
+	quota    []int64 // per rule: RateLimit-Limit (see quotaOf)
 }
 
 // New returns a middleware deciding requests with l, keyed by key.
@@ -119,8 +126,8 @@ func New(l *hybridlimit.Limiter, key KeyFunc, opts Options) (*Middleware, error)
 	if m.status < 400 || m.status > 599 {
 		return nil, fmt.Errorf("httplimit: Options.DeniedStatus is %d, want 400 to 599", opts.DeniedStatus)
 	}
-	if opts.RetryJitter < 0 {
-		return nil, fmt.Errorf("httplimit: Options.RetryJitter is %v, want zero or positive", opts.RetryJitter)
+	if opts.RetryJitter < 0 || opts.RetryJitter > MaxRetryJitter {
+		return nil, fmt.Errorf("httplimit: Options.RetryJitter is %v, want 0 to %v", opts.RetryJitter, MaxRetryJitter)
 	}
 	rules := l.Rules()
 	p, err := newPolicy(rules, opts.PolicyNames, "Options.PolicyNames")
@@ -132,6 +139,8 @@ func New(l *hybridlimit.Limiter, key KeyFunc, opts Options) (*Middleware, error)
 	m.minLimit = rules[0].Limit
 	for _, r := range rules {
 		m.minLimit = min(m.minLimit, r.Limit)
+		q, _ := quotaOf(r)
+		m.quota = append(m.quota, q)
 	}
 	m.multi = len(rules) > 1
 	return m, nil
@@ -187,6 +196,18 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.deny(w, r, key, &res, n, retry)
 			return
 		}
+	} else if res.Delay > 0 && !m.opts.Shadow {
+		// A LeakyBucket rule's queue: the request proceeds at its turn.
+		// A client that goes away meanwhile gets the ErrorHandler (its
+		// admission stays counted, as the queue's place was taken).
+		t := m.l.Clock().Timer(res.Delay)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			m.fail(w, r, r.Context().Err())
+			return
+		}
 	}
 	next.ServeHTTP(w, r)
 }
@@ -234,7 +255,7 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 		k++
 	}
 	if legacy {
-		b = strconv.AppendInt(b, res.Limit, 10)
+		b = strconv.AppendInt(b, m.quota[res.Rule], 10)
 		ends[k] = len(b)
 		b = strconv.AppendInt(b, res.Remaining, 10)
 		ends[k+1] = len(b)

@@ -1,0 +1,129 @@
+package httplimit_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/httplimit"
+)
+
+// A token bucket's quota is its burst, given over the time the burst takes
+// to come back at the rate: q/w is the rate. Remaining counts whole tokens,
+// and the reset is the time until the bucket is full.
+func TestTokenBucketHeaders(t *testing.T) {
+	// 10 per minute (one token each 6 s), at most 5 at once.
+	l, mc := newLocal(t, hybridlimit.Rule{Limit: 10, Window: time.Minute, Type: hybridlimit.TokenBucket, Burst: 5})
+	h := mustNew(t, l, remoteIP(t), httplimit.Options{}).Wrap(ok)
+	steps := []struct {
+		at         time.Duration
+		status     int
+		rateLimit  string
+		legacy     [3]string
+		retryAfter string
+	}{
+		{0, 200, `"1m";r=4;t=6`, [3]string{"5", "4", "6"}, ""},
+		{0, 200, `"1m";r=3;t=12`, [3]string{"5", "3", "12"}, ""},
+		{0, 200, `"1m";r=2;t=18`, [3]string{"5", "2", "18"}, ""},
+		{0, 200, `"1m";r=1;t=24`, [3]string{"5", "1", "24"}, ""},
+		{0, 200, `"1m";r=0;t=30`, [3]string{"5", "0", "30"}, ""},
+		// Empty: the next token comes in 6 s.
+		{0, 429, `"1m";r=0;t=6`, [3]string{"5", "0", "6"}, "6"},
+		{4 * time.Second, 429, `"1m";r=0;t=2`, [3]string{"5", "0", "2"}, "2"},
+		{6 * time.Second, 200, `"1m";r=0;t=30`, [3]string{"5", "0", "30"}, ""},
+		// 18 s later three tokens have come back.
+		{24 * time.Second, 200, `"1m";r=2;t=18`, [3]string{"5", "2", "18"}, ""},
+	}
+	for i, s := range steps {
+		mc.Set(epoch.Add(s.at))
+		w := do(h, "192.0.2.1:1")
+		got := w.Result().Header
+		assert.Equal(t, s.status, w.Code, "step %d: status", i)
+		assert.Equal(t, `"1m";q=5;w=30`, got.Get("RateLimit-Policy"), "step %d", i)
+		assert.Equal(t, s.rateLimit, got.Get("RateLimit"), "step %d: RateLimit", i)
+		assert.Equal(t, s.legacy, [3]string{got.Get("RateLimit-Limit"), got.Get("RateLimit-Remaining"), got.Get("RateLimit-Reset")}, "step %d: legacy headers", i)
+		assert.Equal(t, s.retryAfter, got.Get("Retry-After"), "step %d: Retry-After", i)
+	}
+}
+
+// The policy of every algorithm, side by side.
+func TestPolicyPerAlgorithm(t *testing.T) {
+	l, _ := newLocal(t,
+		hybridlimit.Rule{Limit: 10, Window: time.Second, Type: hybridlimit.Fixed},
+		hybridlimit.Rule{Limit: 100, Window: time.Minute, Type: hybridlimit.Bucketed, Buckets: 6},
+		hybridlimit.Rule{Limit: 1000, Window: time.Hour, Type: hybridlimit.Log},
+		hybridlimit.Rule{Limit: 5, Window: time.Second, Type: hybridlimit.TokenBucket, Burst: 20},
+		hybridlimit.Rule{Limit: 2, Window: time.Second, Type: hybridlimit.LeakyBucket})
+	m, err := httplimit.New(l, remoteIP(t), httplimit.Options{PolicyNames: []string{"f", "b", "l", "t", "q"}})
+	require.NoError(t, err)
+	w := do(m.Wrap(ok), "192.0.2.1:1")
+	assert.Equal(t, `"f";q=10;w=1, "b";q=100;w=60, "l";q=1000;w=3600, "t";q=20;w=4, "q";q=2;w=1`, w.Header().Get("RateLimit-Policy"))
+}
+
+// A LeakyBucket rule's admitted request reaches the handler at its turn in
+// the queue, on the limiter's clock; in shadow mode it does not wait; a
+// client that leaves while it waits gets the ErrorHandler.
+func TestLeakyBucketDelay(t *testing.T) {
+	// 10 per second: one each 100 ms, at most 3 waiting.
+	rule := hybridlimit.Rule{Limit: 10, Window: time.Second, Type: hybridlimit.LeakyBucket, Burst: 3}
+	l, mc := newLocal(t, rule)
+	ran := make(chan time.Time, 4)
+	h := mustNew(t, l, remoteIP(t), httplimit.Options{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ran <- mc.Now()
+	}))
+
+	w := do(h, "192.0.2.1:1")
+	require.Equal(t, 200, w.Code)
+	require.Equal(t, epoch, <-ran, "the first request goes at once")
+
+	// The second waits 100 ms of the limiter's clock.
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- do(h, "192.0.2.1:1") }()
+	for step := 0; ; step++ {
+		require.Less(t, step, 10000, "the handler never ran")
+		select {
+		case at := <-ran:
+			assert.GreaterOrEqual(t, at.Sub(epoch), 100*time.Millisecond, "ran before its turn")
+			assert.Equal(t, 200, (<-done).Code)
+			goto shadow
+		case <-time.After(time.Millisecond):
+			mc.Add(5 * time.Millisecond)
+		}
+	}
+shadow:
+	// Shadow mode reports but never delays.
+	l2, mc2 := newLocal(t, rule)
+	ran2 := make(chan time.Time, 4)
+	hs := mustNew(t, l2, remoteIP(t), httplimit.Options{Shadow: true}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ran2 <- mc2.Now()
+	}))
+	for range 3 {
+		require.Equal(t, 200, do(hs, "192.0.2.1:1").Code)
+		require.Equal(t, epoch, <-ran2)
+	}
+
+	// A client gone while it waits: 503 from the default ErrorHandler, and
+	// the handler never runs.
+	l3, _ := newLocal(t, rule)
+	h3 := mustNew(t, l3, remoteIP(t), httplimit.Options{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Error("the handler ran for a client that left")
+	}))
+	require.Equal(t, 503, func() int {
+		r := httptest.NewRequest("GET", "/x", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		ctx, cancel := context.WithCancel(r.Context())
+		// The first request takes the turn now; the second must wait.
+		_, err := l3.Allow(ctx, "192.0.2.1")
+		require.NoError(t, err)
+		cancel()
+		w := httptest.NewRecorder()
+		h3.ServeHTTP(w, r.WithContext(ctx))
+		return w.Code
+	}())
+}
