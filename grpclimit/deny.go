@@ -98,7 +98,11 @@ func (i *Interceptor) metadata(ctx context.Context, key string, res *hybridlimit
 		if d.maxT > 0 {
 			reset = min(reset, d.maxT)
 		}
-		b = strconv.AppendInt(b, res.Limit, 10)
+		q := res.Limit
+		if res.Rule >= 0 && res.Rule < len(i.rules) {
+			q, _ = httplimit.Quota(i.rules[res.Rule])
+		}
+		b = strconv.AppendInt(b, q, 10)
 		add(mdLimit)
 		b = strconv.AppendInt(b, max(res.Remaining, 0), 10)
 		add(mdRemaining)
@@ -164,11 +168,12 @@ func (i *Interceptor) quotaFailure(ctx context.Context, key string, n int64, res
 			continue
 		}
 		r := rules[s.Rule]
+		q, _ := httplimit.Quota(r)
 		qf.Violations = append(qf.Violations, &errdetails.QuotaFailure_Violation{
 			Subject:     i.names[s.Rule],
 			QuotaId:     i.names[s.Rule],
-			QuotaValue:  r.Limit,
-			Description: fmt.Sprintf("%d per %s (%s window)", r.Limit, httplimit.PolicyName(r.Window), r.Type),
+			QuotaValue:  q,
+			Description: describe(r),
 		})
 	}
 	return qf
@@ -190,4 +195,17 @@ func DefaultErrorHandler(ctx context.Context, method string, err error) error {
 		code = codes.DeadlineExceeded
 	}
 	return status.Error(code, err.Error())
+}
+
+// describe words a rule for a QuotaFailure: "2 per 1m (sliding window)",
+// "10 per 1s (token-bucket, burst 20)".
+func describe(r hybridlimit.Rule) string {
+	switch r.Type {
+	case hybridlimit.TokenBucket, hybridlimit.LeakyBucket:
+		q, _ := httplimit.Quota(r)
+		return fmt.Sprintf("%d per %s (%s, burst %d)", r.Limit, httplimit.PolicyName(r.Window), r.Type, q)
+	case hybridlimit.Bucketed:
+		return fmt.Sprintf("%d per %s (window of %d buckets)", r.Limit, httplimit.PolicyName(r.Window), r.Buckets)
+	}
+	return fmt.Sprintf("%d per %s (%s window)", r.Limit, httplimit.PolicyName(r.Window), r.Type)
 }

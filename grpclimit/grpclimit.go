@@ -230,6 +230,16 @@ func (i *Interceptor) decide(ctx context.Context, method, key string, n int64, s
 		}
 	}
 	if res.Allowed {
+		if res.Delay > 0 && !i.opts.Shadow {
+			// A LeakyBucket rule's queue: the call goes on at its turn.
+			t := i.l.Clock().Timer(res.Delay)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return i.fail(ctx, method, ctx.Err())
+			}
+		}
 		return nil
 	}
 	if i.opts.OnDenied != nil {

@@ -276,3 +276,49 @@ func TestHideMetadata(t *testing.T) {
 	assert.Empty(t, fields(say(t, cc).header))
 	assert.Equal(t, map[string]string{"retry-after": "60"}, fields(say(t, cc).trailer))
 }
+
+// A token bucket is advertised by its burst (as httplimit does), in the
+// metadata and in QuotaFailure.
+func TestTokenBucketQuota(t *testing.T) {
+	l, _ := newLimiter(t, hybridlimit.Rule{Limit: 10, Window: time.Minute, Type: hybridlimit.TokenBucket, Burst: 5})
+	i := newInterceptor(t, l, peerIP(t), grpclimit.Options{QuotaFailure: true})
+	cc, _ := serve(t, i)
+	for n := range 5 {
+		r := say(t, cc)
+		require.NoError(t, r.err, "call %d", n)
+		assert.Equal(t, "5", fields(r.header)["ratelimit-limit"])
+	}
+	r := say(t, cc)
+	require.Equal(t, codes.ResourceExhausted, status.Code(r.err))
+	assert.Equal(t, `"1m";q=5;w=30`, fields(r.trailer)["ratelimit-policy"])
+	assert.Equal(t, "6", fields(r.trailer)["retry-after"], "one token each 6 s")
+	require.NotNil(t, r.quota)
+	require.Len(t, r.quota.GetViolations(), 1)
+	assert.Equal(t, int64(5), r.quota.GetViolations()[0].GetQuotaValue())
+	assert.Equal(t, "10 per 1m (token-bucket, burst 5)", r.quota.GetViolations()[0].GetDescription())
+}
+
+// A call admitted by a LeakyBucket rule reaches the handler at its turn in
+// the queue, on the limiter's clock.
+func TestLeakyBucketDelay(t *testing.T) {
+	l, mc := newLimiter(t, hybridlimit.Rule{Limit: 10, Window: time.Second, Type: hybridlimit.LeakyBucket, Burst: 3})
+	i := newInterceptor(t, l, peerIP(t), grpclimit.Options{})
+	cc, e := serve(t, i)
+	require.NoError(t, say(t, cc).err)
+	done := make(chan error, 1)
+	go func() { done <- say(t, cc).err }()
+	for step := 0; ; step++ {
+		require.Less(t, step, 10000, "the call never went on")
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			assert.GreaterOrEqual(t, mc.Now().Sub(epoch), 100*time.Millisecond, "went on before its turn")
+			assert.Equal(t, int64(2), e.calls.Load())
+			return
+		case <-time.After(time.Millisecond):
+			if e.calls.Load() == 1 {
+				mc.Add(5 * time.Millisecond)
+			}
+		}
+	}
+}

@@ -64,10 +64,11 @@ func appendSFString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// quotaOf returns a rule's quota and the window it is given over: Limit
-// per Window; for a token or leaky bucket, its burst over the time the
-// burst takes at the rate.
-func quotaOf(r hybridlimit.Rule) (int64, time.Duration) {
+// Quota returns the quota a rule advertises and the window it is given
+// over: Limit per Window; for a token or leaky bucket, its burst over the
+// time the burst takes to come back at the rate (so that quota/window is
+// the rate).
+func Quota(r hybridlimit.Rule) (quota int64, window time.Duration) {
 	if r.Type != hybridlimit.TokenBucket && r.Type != hybridlimit.LeakyBucket {
 		return r.Limit, r.Window
 	}
@@ -144,7 +145,7 @@ func newPolicy(rules []hybridlimit.Rule, names []string, field string) (*Policy,
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		q, w := quotaOf(r)
+		q, w := Quota(r)
 		b = appendSFString(b, p.names[i])
 		b = append(b, ";q="...)
 		b = strconv.AppendInt(b, q, 10)

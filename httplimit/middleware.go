@@ -108,7 +108,7 @@ type Middleware struct {
 	policy   *Policy
 	multi    bool // several rules: the RateLimit field needs State
 	minLimit int64
-	quota    []int64 // per rule: RateLimit-Limit (see quotaOf)
+	quota    []int64 // per rule: RateLimit-Limit (see Quota)
 }
 
 // New returns a middleware deciding requests with l, keyed by key.
@@ -139,7 +139,7 @@ func New(l *hybridlimit.Limiter, key KeyFunc, opts Options) (*Middleware, error)
 	m.minLimit = rules[0].Limit
 	for _, r := range rules {
 		m.minLimit = min(m.minLimit, r.Limit)
-		q, _ := quotaOf(r)
+		q, _ := Quota(r)
 		m.quota = append(m.quota, q)
 	}
 	m.multi = len(rules) > 1
