@@ -25,7 +25,9 @@ import (
 // Push sends each Batch as one call of a Lua script that applies the batch
 // at most once (see the package documentation) and Take sends each group's
 // requests as one call of another; all calls of a Push or Take go out in
-// pipelines, up to Lanes of them at once. A circuit breaker per server
+// pipelines, up to Lanes of them at once (in a Redis Cluster, up to Lanes
+// per master: a pipeline never spans masters, so that one failing master
+// cannot fail the calls of another). A circuit breaker per server
 // fails calls at once while a server does not answer (see RedisOptions).
 //
 // Redis is safe for concurrent use. The zero value is not usable: create
@@ -119,12 +121,13 @@ func (s *Redis) server(ctx context.Context, g int) string {
 }
 
 // allow reports whether a call to the server of group g may be sent, and
-// returns the server's address to report the outcome to.
+// returns the server's address (to send the call with the other calls to
+// that server, and to report the outcome to).
 func (s *Redis) allow(ctx context.Context, g int) (string, bool) {
-	if s.breaker == nil {
-		return "", true
-	}
 	addr := s.server(ctx, g)
+	if s.breaker == nil {
+		return addr, true
+	}
 	return addr, s.breaker.allow(addr)
 }
 
@@ -176,6 +179,39 @@ func (s *Redis) lanes(n int, lane func(i int) int, f func(items []int)) {
 	wg.Wait()
 }
 
+// perServer runs f for the items of each server (addrs[i] is item i's) at
+// once, in order within a server. In a Redis Cluster a pipeline carries
+// the calls of one master only: when the context ends during go-redis'
+// retries for one node of a cluster pipeline (a hung or dead master), it
+// sets the context's error on every command of the pipeline, including
+// those that other masters ran and answered, which would put what healthy
+// masters applied in doubt (a synchronous request is then counted twice),
+// and open their circuits.
+func (s *Redis) perServer(items []int, addrs map[int]string, f func(items []int)) {
+	if s.cluster == nil {
+		f(items)
+		return
+	}
+	var order []string
+	per := map[string][]int{}
+	for _, i := range items {
+		a := addrs[i]
+		if _, ok := per[a]; !ok {
+			order = append(order, a)
+		}
+		per[a] = append(per[a], i)
+	}
+	if len(order) == 1 {
+		f(items)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, a := range order {
+		wg.Go(func() { f(per[a]) })
+	}
+	wg.Wait()
+}
+
 // exec runs a pipeline of one script call per item, sending the whole
 // script once where the server does not have it cached, and returns the
 // commands.
@@ -215,7 +251,6 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 		}
 		return err
 	}
-	ttl := markerTTL.Milliseconds()
 	s.lanes(len(batches), func(i int) int { return batches[i].Group % s.o.Lanes }, func(items []int) {
 		var send []int
 		addrs := make(map[int]string, len(items))
@@ -229,30 +264,39 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 			addrs[i] = addr
 			send = append(send, i)
 		}
-		if len(send) == 0 {
-			return
-		}
-		cmds := s.exec(ctx, pushScript, send, func(i int) ([]string, []any) {
-			b := batches[i]
-			keys := make([]string, 1+len(b.Ops))
-			keys[0] = markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node)
-			argv := make([]any, 2+len(b.Ops))
-			argv[0], argv[1] = b.Seq, ttl
-			for j := range b.Ops {
-				op := &b.Ops[j]
-				keys[1+j] = CounterKey(b.Prefix, op.Counter)
-				argv[2+j] = op.Delta
-			}
-			return keys, argv
+		s.perServer(send, addrs, func(send []int) {
+			s.pushCalls(ctx, batches, send, addrs)
 		})
-		outcome := make(map[string]error, 1)
-		for k, i := range send {
-			s.readPush(cmds[k], batches[i])
-			s.merge(outcome, addrs[i], cmdErr(cmds[k]))
-		}
-		s.reportAll(outcome)
 	})
 	return nil
+}
+
+// pushCalls sends batches[i] for every i in send as one pipeline, and sets
+// their results.
+func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, addrs map[int]string) {
+	if len(send) == 0 {
+		return
+	}
+	ttl := markerTTL.Milliseconds()
+	cmds := s.exec(ctx, pushScript, send, func(i int) ([]string, []any) {
+		b := batches[i]
+		keys := make([]string, 1+len(b.Ops))
+		keys[0] = markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node)
+		argv := make([]any, 2+len(b.Ops))
+		argv[0], argv[1] = b.Seq, ttl
+		for j := range b.Ops {
+			op := &b.Ops[j]
+			keys[1+j] = CounterKey(b.Prefix, op.Counter)
+			argv[2+j] = op.Delta
+		}
+		return keys, argv
+	})
+	outcome := make(map[string]error, 1)
+	for k, i := range send {
+		s.readPush(cmds[k], batches[i])
+		s.merge(outcome, addrs[i], cmdErr(cmds[k]))
+	}
+	s.reportAll(outcome)
 }
 
 // merge records in outcome the result of one call to addr: a failure of
@@ -378,45 +422,47 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			c.seq = s.seq.Add(1)
 			send = append(send, i)
 		}
-		if len(send) == 0 {
-			return
-		}
-		cmds := s.exec(ctx, takeScript, send, func(i int) ([]string, []any) {
-			c := calls[i]
-			rules := c.reqs[0].Rules
-			keys := make([]string, 0, 1+2*len(rules)*len(c.reqs))
-			keys = append(keys, markerKey(c.reqs[0].Prefix, 't', s.slotOf(c.group), node))
-			argv := make([]any, 0, 5+3*len(rules)+3*len(c.reqs))
-			argv = append(argv, c.seq, ttl, c.reqs[0].Deadline, len(c.reqs), len(rules))
-			for _, rule := range rules {
-				fixed := 0
-				if rule.Fixed {
-					fixed = 1
-				}
-				argv = append(argv, rule.Limit, rule.Window, fixed)
+		s.perServer(send, addrs, func(send []int) {
+			if len(send) == 0 {
+				return
 			}
-			for _, r := range c.reqs {
-				flags := 0
-				if r.Peek {
-					flags |= 1
-				}
-				if r.CountDenied {
-					flags |= 2
-				}
-				argv = append(argv, r.Cost, flags, r.Now)
+			cmds := s.exec(ctx, takeScript, send, func(i int) ([]string, []any) {
+				c := calls[i]
+				rules := c.reqs[0].Rules
+				keys := make([]string, 0, 1+2*len(rules)*len(c.reqs))
+				keys = append(keys, markerKey(c.reqs[0].Prefix, 't', s.slotOf(c.group), node))
+				argv := make([]any, 0, 5+3*len(rules)+3*len(c.reqs))
+				argv = append(argv, c.seq, ttl, c.reqs[0].Deadline, len(c.reqs), len(rules))
 				for _, rule := range rules {
-					id := r.Now / (rule.Window * 1000)
-					keys = append(keys, CounterKey(r.Prefix, Counter{r.Key, rule.Window, id}), CounterKey(r.Prefix, Counter{r.Key, rule.Window, id - 1}))
+					fixed := 0
+					if rule.Fixed {
+						fixed = 1
+					}
+					argv = append(argv, rule.Limit, rule.Window, fixed)
 				}
+				for _, r := range c.reqs {
+					flags := 0
+					if r.Peek {
+						flags |= 1
+					}
+					if r.CountDenied {
+						flags |= 2
+					}
+					argv = append(argv, r.Cost, flags, r.Now)
+					for _, rule := range rules {
+						id := r.Now / (rule.Window * 1000)
+						keys = append(keys, CounterKey(r.Prefix, Counter{r.Key, rule.Window, id}), CounterKey(r.Prefix, Counter{r.Key, rule.Window, id - 1}))
+					}
+				}
+				return keys, argv
+			})
+			outcome := make(map[string]error, 1)
+			for k, i := range send {
+				readTake(cmds[k], calls[i].reqs)
+				s.merge(outcome, addrs[i], cmdErr(cmds[k]))
 			}
-			return keys, argv
+			s.reportAll(outcome)
 		})
-		outcome := make(map[string]error, 1)
-		for k, i := range send {
-			readTake(cmds[k], calls[i].reqs)
-			s.merge(outcome, addrs[i], cmdErr(cmds[k]))
-		}
-		s.reportAll(outcome)
 	})
 	return nil
 }
