@@ -30,6 +30,16 @@ const (
 	faultTimeout = 400 * time.Millisecond // Config.StoreTimeout
 )
 
+// faultClient returns a client of addr with short timeouts and no retries,
+// closed when the test ends.
+func faultClient(t *testing.T, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, PoolSize: 32,
+		DialTimeout: faultIO, ReadTimeout: faultIO, WriteTimeout: faultIO})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // watched wraps a Store and reports every Push and Take to the test, with
 // the call's start and end, after the inner store set the results.
 type watched struct {
