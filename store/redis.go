@@ -57,9 +57,10 @@ type RedisOptions struct {
 	// deployment it is also the number of groups.
 	Lanes int
 	// BreakerMin and BreakerMax bound the time calls to a server fail
-	// without being sent after it stopped answering: the first failure
-	// opens the circuit for BreakerMin, each further one doubles it up to
-	// BreakerMax. Defaults 100ms and 5s; a negative BreakerMin disables
+	// without being sent after it stopped answering: a failure opens the
+	// circuit for BreakerMin (the calls already on their way that fail
+	// with it count as one failure), each failed probe doubles it up to
+	// BreakerMax. A call its caller canceled counts for nothing. Defaults 100ms and 5s; a negative BreakerMin disables
 	// the breaker.
 	BreakerMin, BreakerMax time.Duration
 }
@@ -131,11 +132,21 @@ func (s *Redis) allow(ctx context.Context, g int) (string, bool) {
 	return addr, s.breaker.allow(addr)
 }
 
-func (s *Redis) report(addr string, err error) {
+// report reports to the breaker the outcome of a call to addr sent at
+// sent. A call that failed because its caller canceled it (Close cancels
+// the sync loop's push under way, for example) says nothing about the
+// server; go-redis reports it as a broken connection, so ctx tells.
+func (s *Redis) report(ctx context.Context, addr string, sent time.Time, err error) {
+	failed := err != nil && !isReply(err)
+	canceled := failed && errors.Is(ctx.Err(), context.Canceled)
 	if s.breaker != nil {
-		s.breaker.done(addr, err == nil || isReply(err))
+		if canceled {
+			s.breaker.abandon(addr)
+		} else {
+			s.breaker.done(addr, sent, !failed)
+		}
 	}
-	if err != nil && !isReply(err) && s.cluster != nil {
+	if failed && !canceled && s.cluster != nil {
 		// A node may be gone: refresh the slot map now rather than at
 		// go-redis' next periodic reload.
 		s.cluster.ReloadState(context.Background())
@@ -252,6 +263,7 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 		return err
 	}
 	s.lanes(len(batches), func(i int) int { return batches[i].Group % s.o.Lanes }, func(items []int) {
+		sent := s.now()
 		var send []int
 		addrs := make(map[int]string, len(items))
 		for _, i := range items {
@@ -265,15 +277,15 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 			send = append(send, i)
 		}
 		s.perServer(send, addrs, func(send []int) {
-			s.pushCalls(ctx, batches, send, addrs)
+			s.pushCalls(ctx, batches, send, addrs, sent)
 		})
 	})
 	return nil
 }
 
 // pushCalls sends batches[i] for every i in send as one pipeline, and sets
-// their results.
-func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, addrs map[int]string) {
+// their results; sent is when the lane began, for the breaker.
+func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, addrs map[int]string, sent time.Time) {
 	if len(send) == 0 {
 		return
 	}
@@ -296,7 +308,7 @@ func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, add
 		s.readPush(cmds[k], batches[i])
 		s.merge(outcome, addrs[i], cmdErr(cmds[k]))
 	}
-	s.reportAll(outcome)
+	s.reportAll(ctx, outcome, sent)
 }
 
 // merge records in outcome the result of one call to addr: a failure of
@@ -308,11 +320,19 @@ func (s *Redis) merge(outcome map[string]error, addr string, err error) {
 }
 
 // reportAll reports to the breaker, once per server, the outcome of a
-// pipeline.
-func (s *Redis) reportAll(outcome map[string]error) {
+// pipeline sent at sent.
+func (s *Redis) reportAll(ctx context.Context, outcome map[string]error, sent time.Time) {
 	for addr, err := range outcome {
-		s.report(addr, err)
+		s.report(ctx, addr, sent, err)
 	}
+}
+
+// now returns the breaker's time (zero without a breaker).
+func (s *Redis) now() time.Time {
+	if s.breaker == nil {
+		return time.Time{}
+	}
+	return s.breaker.now()
 }
 
 // cmdErr returns the error of the call itself, not of its reply's
@@ -404,6 +424,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 	}
 	ttl := int64(time.Minute / time.Millisecond)
 	s.lanes(len(calls), func(i int) int { return calls[i].group % s.o.Lanes }, func(items []int) {
+		sent := s.now()
 		stream := s.stream()
 		defer s.releaseStream(stream)
 		node := s.node + "." + strconv.Itoa(stream)
@@ -461,7 +482,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 				readTake(cmds[k], calls[i].reqs)
 				s.merge(outcome, addrs[i], cmdErr(cmds[k]))
 			}
-			s.reportAll(outcome)
+			s.reportAll(ctx, outcome, sent)
 		})
 	})
 	return nil
