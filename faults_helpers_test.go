@@ -1,8 +1,10 @@
 package hybridlimit_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
@@ -168,6 +170,26 @@ func keysOnShard(shard redistest.ClusterShard, prefix string, n int) []string {
 func onShard(shard redistest.ClusterShard, slot int) bool {
 	return slices.ContainsFunc(shard.Slots, func(r redistest.SlotRange) bool { return slot >= r.Start && slot <= r.End })
 }
+
+// logBuffer collects a Limiter's log records.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 // closeAll closes every limiter with a deadline and fails the test on an
 // error.
