@@ -123,11 +123,14 @@ func TestFaultStandaloneKillRestartEmpty(t *testing.T) {
 // from 48 goroutines, then resumes (SIGCONT). Proven: during the hang
 // decisions fail over to the FailurePolicy fast (the store's circuit
 // breaker), at a rate compared with a local-mode limiter's on the same
-// goroutines in the same run; and afterwards nothing is counted twice: the
-// store's counters equal the Allowed results, since a request sent before
-// the hang reaches the resumed server past its deadline and changes
-// nothing, and increments the sync loop pushed during the hang are
-// applied once.
+// goroutines in the same run; and afterwards the store's counters equal
+// the Allowed results but for requests in doubt: a request sent during the
+// hang reaches the resumed server past its deadline and changes nothing,
+// and the increments the sync loop pushed during the hang are applied
+// once, but a request the server ran just before it stopped, whose reply
+// it had not written yet, is in doubt, decided again by the FailurePolicy
+// and so counted twice: at most the requests in flight when the hang
+// began.
 func TestFaultStandaloneHangSynchronous(t *testing.T) {
 	redistest.Destructive(t)
 	addr := redistest.Addr(t)
@@ -176,12 +179,18 @@ func TestFaultStandaloneHangSynchronous(t *testing.T) {
 	require.NoError(t, local.Close(ctx))
 	localRate := float64(localN.Load())
 
-	var inDoubt atomic.Int64
+	// Requests in doubt that were sent before the server stopped: the
+	// server may have run them.
+	inDoubt := newTally(keys)
+	var stopped atomic.Int64 // Unix ns, once Stop returned
 	w := &watched{Store: newRedisStore(t, faultClient(t, addr))}
-	w.onTake = func(_, _ time.Time, rs []*store.TakeRequest) {
+	w.onTake = func(start, _ time.Time, rs []*store.TakeRequest) {
+		if s := stopped.Load(); s != 0 && start.UnixNano() > s {
+			return
+		}
 		for _, r := range rs {
 			if r.Status == store.InDoubt {
-				inDoubt.Add(1)
+				inDoubt.add(r.Key)
 			}
 		}
 	}
@@ -203,6 +212,7 @@ func TestFaultStandaloneHangSynchronous(t *testing.T) {
 	beforeRate := float64(before) / time.Since(start).Seconds()
 	srv := redistest.ServerAt(t, addr)
 	srv.Stop()
+	stopped.Store(time.Now().UnixNano())
 	hangStart, atStop := time.Now(), n.Load()
 	worst.Store(0)
 	time.Sleep(3 * time.Second)
@@ -226,9 +236,10 @@ func TestFaultStandaloneHangSynchronous(t *testing.T) {
 	ids := hourIDs(start, end)
 	var sum int64
 	for _, k := range keys {
-		s := stored(t, c, pfx, k, ids)
-		assert.Equal(t, allowed.get(k), s, "key %q: the store's counter and the Allowed results", k)
+		s, a := stored(t, c, pfx, k, ids), allowed.get(k)
+		assert.GreaterOrEqual(t, s, a, "key %q: the store lost admissions", k)
+		assert.LessOrEqual(t, s-a, inDoubt.get(k), "key %q: counted twice beyond the requests in doubt when the hang began", k)
 		sum += s
 	}
-	t.Logf("allowed %d, stored %d; requests in doubt %d", allowed.sum(keys), sum, inDoubt.Load())
+	t.Logf("allowed %d, stored %d (counted twice: %d); requests sent before the hang and in doubt: %d", allowed.sum(keys), sum, sum-allowed.sum(keys), inDoubt.sum(keys))
 }
