@@ -70,8 +70,7 @@ func (s *synchronous) decide(ctx context.Context, key string, n int64, peek bool
 		Prefix:      l.cfg.Prefix,
 		Key:         key,
 		Rules:       s.rules,
-		Now:         us,
-		Deadline:    us + int64(s.timeout/2/time.Microsecond),
+		Now:         us, // Deadline is set when the request is sent
 		Cost:        n,
 		Peek:        peek,
 		CountDenied: l.cfg.CountDenied,
@@ -143,8 +142,14 @@ func (s *synchronous) next() []*call {
 // its slot over with the next batch to the queue's head, if any.
 func (s *synchronous) send(c *call, batch []*call) {
 	c.batch = nil
+	// The deadline counts from the sending, not from the decision: a
+	// request that waited in the queue behind slow round trips (a dead
+	// shard's, until its circuit opens) still gets its full time in the
+	// store.
+	deadline := s.l.clock.now()/int64(time.Microsecond) + int64(s.timeout/2/time.Microsecond)
 	reqs := make([]*store.TakeRequest, len(batch))
 	for i, x := range batch {
+		x.req.Deadline = deadline
 		reqs[i] = &x.req
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)

@@ -20,7 +20,8 @@ type breaker struct {
 }
 
 type circuit struct {
-	failures int       // consecutive failed calls
+	failures int       // consecutive failures (of the call that opened it, then of probes)
+	opened   time.Time // when it last opened
 	until    time.Time // open until
 	probing  bool      // a probe is under way
 }
@@ -46,8 +47,12 @@ func (b *breaker) allow(node string) bool {
 	return true
 }
 
-// done records the outcome of a call to node: ok when the server answered.
-func (b *breaker) done(node string, ok bool) {
+// done records the outcome of a call to node sent at sent: ok when the
+// server answered. The failure of a call sent before the circuit opened
+// is part of the failure that opened it (every call on its way to a server
+// that stops answering fails, one lane after another) and changes
+// nothing: only a call sent since, the probe, doubles the backoff.
+func (b *breaker) done(node string, sent time.Time, ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	c := b.nodes[node]
@@ -61,8 +66,24 @@ func (b *breaker) done(node string, ok bool) {
 		c = &circuit{}
 		b.nodes[node] = c
 	}
+	if c.failures > 0 && sent.Before(c.opened) {
+		return
+	}
 	c.failures++
 	c.probing = false
+	now := b.now()
+	c.opened = now
 	d := b.min << min(c.failures-1, 20)
-	c.until = b.now().Add(min(d, b.max))
+	c.until = now.Add(min(d, b.max))
+}
+
+// abandon records that a call to node ended without telling anything
+// about the server (the caller canceled it): if it was the probe, the
+// next call probes.
+func (b *breaker) abandon(node string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c := b.nodes[node]; c != nil {
+		c.probing = false
+	}
 }

@@ -27,7 +27,9 @@ import (
 // Push sends each Batch as one call of a Lua script that applies the batch
 // at most once (see the package documentation) and Take sends each group's
 // requests as one call of another; all calls of a Push or Take go out in
-// pipelines, up to Lanes of them at once. A circuit breaker per server
+// pipelines, up to Lanes of them at once (in a Redis Cluster, up to Lanes
+// per master: a pipeline never spans masters, so that one failing master
+// cannot fail the calls of another). A circuit breaker per server
 // fails calls at once while a server does not answer (see RedisOptions).
 //
 // Redis is safe for concurrent use. The zero value is not usable: create
@@ -57,10 +59,11 @@ type RedisOptions struct {
 	// deployment it is also the number of groups.
 	Lanes int
 	// BreakerMin and BreakerMax bound the time calls to a server fail
-	// without being sent after it stopped answering: the first failure
-	// opens the circuit for BreakerMin, each further one doubles it up to
-	// BreakerMax. Defaults 100ms and 5s; a negative BreakerMin disables
-	// the breaker.
+	// without being sent after it stopped answering: a failure opens the
+	// circuit for BreakerMin (the calls already on their way that fail
+	// with it count as one failure), each failed probe doubles it up to
+	// BreakerMax. A call its caller canceled counts for nothing. Defaults
+	// 100ms and 5s; a negative BreakerMin disables the breaker.
 	BreakerMin, BreakerMax time.Duration
 }
 
@@ -121,20 +124,31 @@ func (s *Redis) server(ctx context.Context, g int) string {
 }
 
 // allow reports whether a call to the server of group g may be sent, and
-// returns the server's address to report the outcome to.
+// returns the server's address (to send the call with the other calls to
+// that server, and to report the outcome to).
 func (s *Redis) allow(ctx context.Context, g int) (string, bool) {
-	if s.breaker == nil {
-		return "", true
-	}
 	addr := s.server(ctx, g)
+	if s.breaker == nil {
+		return addr, true
+	}
 	return addr, s.breaker.allow(addr)
 }
 
-func (s *Redis) report(addr string, err error) {
+// report reports to the breaker the outcome of a call to addr sent at
+// sent. A call that failed because its caller canceled it (Close cancels
+// the sync loop's push under way, for example) says nothing about the
+// server; go-redis reports it as a broken connection, so ctx tells.
+func (s *Redis) report(ctx context.Context, addr string, sent time.Time, err error) {
+	failed := err != nil && !isReply(err)
+	canceled := failed && errors.Is(ctx.Err(), context.Canceled)
 	if s.breaker != nil {
-		s.breaker.done(addr, err == nil || isReply(err))
+		if canceled {
+			s.breaker.abandon(addr)
+		} else {
+			s.breaker.done(addr, sent, !failed)
+		}
 	}
-	if err != nil && !isReply(err) && s.cluster != nil {
+	if failed && !canceled && s.cluster != nil {
 		// A node may be gone: refresh the slot map now rather than at
 		// go-redis' next periodic reload.
 		s.cluster.ReloadState(context.Background())
@@ -229,8 +243,8 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 		}
 		return err
 	}
-	ttl := markerTTL.Milliseconds()
 	s.lanes(len(batches), func(i int) int { return batches[i].Group % s.o.Lanes }, func(items []int) {
+		sent := s.now()
 		var send []int
 		addrs := make(map[int]string, len(items))
 		// One breaker decision per server and call: a circuit that opens or
@@ -255,32 +269,74 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 			addrs[i] = addr
 			send = append(send, i)
 		}
-		if len(send) == 0 {
-			return
-		}
-		// EVAL, not EVALSHA: a server without the script cached would fail
-		// one batch and run the next of its group, out of order.
-		cmds := s.exec(ctx, pushScript, true, send, func(i int) ([]string, []any) {
-			b := batches[i]
-			keys := make([]string, 1+len(b.Ops))
-			keys[0] = markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node)
-			argv := make([]any, 2+2*len(b.Ops))
-			argv[0], argv[1] = b.Seq, ttl
-			for j := range b.Ops {
-				op := &b.Ops[j]
-				keys[1+j] = CounterKey(b.Prefix, op.Counter)
-				argv[2+2*j], argv[3+2*j] = op.Delta, op.Rate
-			}
-			return keys, argv
+		s.perServer(send, addrs, func(send []int) {
+			s.pushCalls(ctx, batches, send, addrs, sent)
 		})
-		outcome := make(map[string]error, 1)
-		for k, i := range send {
-			s.readPush(cmds[k], batches[i])
-			s.merge(outcome, addrs[i], cmdErr(cmds[k]))
-		}
-		s.reportAll(outcome)
 	})
 	return nil
+}
+
+// pushCalls sends batches[i] for every i in send as one pipeline, and sets
+// their results; sent is when the lane began, for the breaker.
+func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, addrs map[int]string, sent time.Time) {
+	if len(send) == 0 {
+		return
+	}
+	ttl := markerTTL.Milliseconds()
+	// EVAL, not EVALSHA: a server without the script cached would fail
+	// one batch and run the next of its group, out of order.
+	cmds := s.exec(ctx, pushScript, true, send, func(i int) ([]string, []any) {
+		b := batches[i]
+		keys := make([]string, 1+len(b.Ops))
+		keys[0] = markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node)
+		argv := make([]any, 2+2*len(b.Ops))
+		argv[0], argv[1] = b.Seq, ttl
+		for j := range b.Ops {
+			op := &b.Ops[j]
+			keys[1+j] = CounterKey(b.Prefix, op.Counter)
+			argv[2+2*j], argv[3+2*j] = op.Delta, op.Rate
+		}
+		return keys, argv
+	})
+	outcome := make(map[string]error, 1)
+	for k, i := range send {
+		s.readPush(cmds[k], batches[i])
+		s.merge(outcome, addrs[i], cmdErr(cmds[k]))
+	}
+	s.reportAll(ctx, outcome, sent)
+}
+
+// perServer runs f for the items of each server (addrs[i] is item i's) at
+// once, in order within a server. In a Redis Cluster a pipeline carries
+// the calls of one master only: when the context ends during go-redis'
+// retries for one node of a cluster pipeline (a hung or dead master), it
+// sets the context's error on every command of the pipeline, including
+// those that other masters ran and answered, which would put what healthy
+// masters applied in doubt (a synchronous request is then counted twice),
+// and open their circuits.
+func (s *Redis) perServer(items []int, addrs map[int]string, f func(items []int)) {
+	if s.cluster == nil {
+		f(items)
+		return
+	}
+	var order []string
+	per := map[string][]int{}
+	for _, i := range items {
+		a := addrs[i]
+		if _, ok := per[a]; !ok {
+			order = append(order, a)
+		}
+		per[a] = append(per[a], i)
+	}
+	if len(order) == 1 {
+		f(items)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, a := range order {
+		wg.Go(func() { f(per[a]) })
+	}
+	wg.Wait()
 }
 
 // merge records in outcome the result of one call to addr: a failure of
@@ -292,11 +348,19 @@ func (s *Redis) merge(outcome map[string]error, addr string, err error) {
 }
 
 // reportAll reports to the breaker, once per server, the outcome of a
-// pipeline.
-func (s *Redis) reportAll(outcome map[string]error) {
+// pipeline sent at sent.
+func (s *Redis) reportAll(ctx context.Context, outcome map[string]error, sent time.Time) {
 	for addr, err := range outcome {
-		s.report(addr, err)
+		s.report(ctx, addr, sent, err)
 	}
+}
+
+// now returns the breaker's time (zero without a breaker).
+func (s *Redis) now() time.Time {
+	if s.breaker == nil {
+		return time.Time{}
+	}
+	return s.breaker.now()
 }
 
 // cmdErr returns the error of the call itself, not of its reply's
@@ -388,6 +452,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 	}
 	ttl := int64(time.Minute / time.Millisecond)
 	s.lanes(len(calls), func(i int) int { return calls[i].group % s.o.Lanes }, func(items []int) {
+		sent := s.now()
 		stream := s.stream()
 		defer s.releaseStream(stream)
 		node := s.node + "." + strconv.Itoa(stream)
@@ -406,19 +471,21 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			c.seq = s.seq.Add(1)
 			send = append(send, i)
 		}
-		if len(send) == 0 {
-			return
-		}
-		cmds := s.exec(ctx, takeScript, false, send, func(i int) ([]string, []any) {
-			c := calls[i]
-			return takeArgs(markerKey(c.reqs[0].Prefix, 't', s.slotOf(c.group), node), c.seq, ttl, c.reqs)
+		s.perServer(send, addrs, func(send []int) {
+			if len(send) == 0 {
+				return
+			}
+			cmds := s.exec(ctx, takeScript, false, send, func(i int) ([]string, []any) {
+				c := calls[i]
+				return takeArgs(markerKey(c.reqs[0].Prefix, 't', s.slotOf(c.group), node), c.seq, ttl, c.reqs)
+			})
+			outcome := make(map[string]error, 1)
+			for k, i := range send {
+				readTake(cmds[k], calls[i].reqs)
+				s.merge(outcome, addrs[i], cmdErr(cmds[k]))
+			}
+			s.reportAll(ctx, outcome, sent)
 		})
-		outcome := make(map[string]error, 1)
-		for k, i := range send {
-			readTake(cmds[k], calls[i].reqs)
-			s.merge(outcome, addrs[i], cmdErr(cmds[k]))
-		}
-		s.reportAll(outcome)
 	})
 	return nil
 }

@@ -534,20 +534,14 @@ func (l *Loop) Flush(ctx context.Context) error {
 }
 
 // unflushed returns Flush's error: the increments taken but not applied.
+// Every increment the store has not acknowledged is still in its entry's
+// count (in flight, when a batch in doubt carries it; pending, when it
+// was handed back after a failure), so each entry is counted once, from
+// the table: counting the batches in doubt as well counted their
+// increments twice.
 func (l *Loop) unflushed(cause error) error {
 	var n, keys int64
-	count := func(b *batch) {
-		for _, s := range b.spans {
-			keys++
-			for _, p := range b.pushes[s.from:s.to] {
-				n += max(p.Delta, 0)
-			}
-		}
-	}
-	for _, b := range l.doubt {
-		count(b)
-	}
-	for _, e := range l.entries {
+	for _, e := range l.cfg.Table.Entries(nil) {
 		if u := l.cfg.Table.Unsynced(e); u > 0 {
 			n += u
 			keys++

@@ -1,0 +1,224 @@
+package hybridlimit_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// Helpers of the fault tests (faults_*_test.go): real redis-server
+// processes are killed, stopped or failed over while several Limiters in
+// this process decide; the tests then compare what callers were told with
+// the store's counters.
+
+// Timeouts of the fault tests: short, so that a dead or hung server costs
+// little time.
+const (
+	faultIO      = 300 * time.Millisecond // go-redis dial, read and write timeouts
+	faultTimeout = 400 * time.Millisecond // Config.StoreTimeout
+)
+
+// faultClient returns a client of addr with short timeouts and no retries,
+// closed when the test ends.
+func faultClient(t *testing.T, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, PoolSize: 32,
+		DialTimeout: faultIO, ReadTimeout: faultIO, WriteTimeout: faultIO})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// watched wraps a Store and reports every Push and Take to the test, with
+// the call's start and end, after the inner store set the results.
+type watched struct {
+	store.Store
+	onPush func(start, end time.Time, batches []*store.Batch)
+	onTake func(start, end time.Time, reqs []*store.TakeRequest)
+}
+
+func (w *watched) Push(ctx context.Context, batches []*store.Batch) error {
+	start := time.Now()
+	err := w.Store.Push(ctx, batches)
+	if w.onPush != nil {
+		w.onPush(start, time.Now(), batches)
+	}
+	return err
+}
+
+func (w *watched) Take(ctx context.Context, reqs []*store.TakeRequest) error {
+	start := time.Now()
+	err := w.Store.Take(ctx, reqs)
+	if w.onTake != nil {
+		w.onTake(start, time.Now(), reqs)
+	}
+	return err
+}
+
+// newRedisStore returns a store.Redis on c with the default options.
+func newRedisStore(t *testing.T, c redis.UniversalClient) *store.Redis {
+	t.Helper()
+	s, err := store.NewRedis(c, store.RedisOptions{})
+	require.NoError(t, err)
+	return s
+}
+
+// tally counts, per key, what callers were told.
+type tally struct {
+	keys []string
+	m    map[string]*atomic.Int64
+}
+
+func newTally(keys []string) *tally {
+	t := &tally{keys: keys, m: make(map[string]*atomic.Int64, len(keys))}
+	for _, k := range keys {
+		t.m[k] = new(atomic.Int64)
+	}
+	return t
+}
+
+func (t *tally) add(key string)       { t.m[key].Add(1) }
+func (t *tally) get(key string) int64 { return t.m[key].Load() }
+func (t *tally) sum(keys []string) (n int64) {
+	for _, k := range keys {
+		n += t.get(k)
+	}
+	return n
+}
+
+// hourIDs returns the ids of the 1-hour windows from start to end: one,
+// or two when the run crossed an hour.
+func hourIDs(start, end time.Time) []int64 {
+	w := time.Hour.Milliseconds()
+	ids := []int64{start.UnixMilli() / w}
+	if e := end.UnixMilli() / w; e != ids[0] {
+		ids = append(ids, e)
+	}
+	return ids
+}
+
+// stored returns the sum of key's 1-hour counters of windows ids under
+// prefix, read through c.
+func stored(t *testing.T, c redis.Cmdable, prefix, key string, ids []int64) int64 {
+	t.Helper()
+	var n int64
+	for _, id := range ids {
+		k := store.CounterKey(prefix, store.Counter{Key: key, Window: time.Hour.Milliseconds(), ID: id})
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		v, err := c.Get(ctx, k).Int64()
+		cancel()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		require.NoError(t, err, "GET %s", k)
+		n += v
+	}
+	return n
+}
+
+// limitBound is the most a sliding rule of limit per hour admits for one
+// key between start and end: the limit, plus, when the run crossed an
+// hour, the part of the previous window's count that the sliding estimate
+// no longer weighs.
+func limitBound(limit int64, start, end time.Time) int64 {
+	if start.Truncate(time.Hour).Equal(end.Truncate(time.Hour)) {
+		return limit
+	}
+	into := end.Sub(end.Truncate(time.Hour))
+	return limit + int64(float64(limit)*into.Seconds()/3600) + 1
+}
+
+// keysOnShard returns n user keys, starting with prefix, whose counters
+// live on shard, on distinct slots where the shard has them. The store
+// hashes the base64 of the whole user key (store.Slot), so a key is placed
+// by trying candidates; ClusterShard.Key places raw Redis keys, not user
+// keys.
+func keysOnShard(shard redistest.ClusterShard, prefix string, n int) []string {
+	var keys []string
+	seen := map[int]bool{}
+	for i := 0; len(keys) < n; i++ {
+		k := prefix + strconv.Itoa(i)
+		slot := store.Slot(k)
+		if seen[slot] && i < 100_000 {
+			continue
+		}
+		for _, r := range shard.Slots {
+			if slot >= r.Start && slot <= r.End {
+				keys = append(keys, k)
+				seen[slot] = true
+				break
+			}
+		}
+	}
+	return keys
+}
+
+// onShard reports whether slot is served by shard.
+func onShard(shard redistest.ClusterShard, slot int) bool {
+	return slices.ContainsFunc(shard.Slots, func(r redistest.SlotRange) bool { return slot >= r.Start && slot <= r.End })
+}
+
+// logBuffer collects a Limiter's log records.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
+
+// closeAll closes every limiter with a deadline and fails the test on an
+// error.
+func closeAll(t *testing.T, nodes []*hybridlimit.Limiter, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for i, l := range nodes {
+		if err := l.Close(ctx); err != nil {
+			t.Errorf("node %d: Close: %v", i, err)
+		}
+	}
+}
+
+// traffic runs f in n goroutines until stop is closed; f returns false to
+// end its goroutine early.
+func traffic(wg *sync.WaitGroup, n int, stop <-chan struct{}, f func(g, i int) bool) {
+	for g := range n {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if !f(g, i) {
+					return
+				}
+			}
+		})
+	}
+}

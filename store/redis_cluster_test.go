@@ -1,0 +1,101 @@
+package store_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// keyOn returns a user key whose counters live on shard.
+func keyOn(shard redistest.ClusterShard, prefix string) string {
+	for i := 0; ; i++ {
+		k := prefix + strconv.Itoa(i)
+		slot := store.Slot(k)
+		for _, r := range shard.Slots {
+			if slot >= r.Start && slot <= r.End {
+				return k
+			}
+		}
+	}
+}
+
+// One master of the cluster hangs (SIGSTOP, shorter than the cluster's
+// node timeout, so no failover) while a Push and a Take carry calls for
+// every shard. The calls to the healthy masters are applied and reported
+// so, and their circuits stay closed; only the hung master's calls are in
+// doubt. (go-redis' cluster pipeline, when the context ends during its
+// retries for the hung node, sets the context's error on every command of
+// the pipeline, including those other masters answered.)
+func TestRedisClusterHungMasterFailsOnlyItsCalls(t *testing.T) {
+	redistest.Destructive(t)
+	shards := redistest.WaitClusterOK(t, 30*time.Second)
+	require.Len(t, shards, 3)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t),
+		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := store.NewRedis(c, store.RedisOptions{})
+	require.NoError(t, err)
+	pfx := redistest.Prefix(t)
+	const w = 60_000
+	id := future / w
+	rule := wr(100, w)
+	var keys []string
+	for _, sh := range shards {
+		keys = append(keys, keyOn(sh, "k"))
+	}
+	// Warm: every master has the scripts cached and a connection open.
+	for _, k := range keys {
+		push(t, s, batch(s, pfx, "n", k, 1, op(w, id, 1)))
+		take(t, s, newTake(pfx, k, future, 1, false, false, rule))
+	}
+
+	srv := redistest.ServerAt(t, shards[1].Master)
+	srv.Stop()
+	var bs []*store.Batch
+	var rs []*store.TakeRequest
+	for _, k := range keys {
+		bs = append(bs, batch(s, pfx, "n", k, 2, op(w, id, 1)))
+		r := newTake(pfx, k, future, 1, false, false, rule)
+		r.Deadline = time.Now().Add(150 * time.Millisecond).UnixMicro()
+		rs = append(rs, r)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		assert.NoError(t, s.Push(ctx, bs))
+	})
+	wg.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		assert.NoError(t, s.Take(ctx, rs))
+	})
+	wg.Wait()
+	srv.Cont()
+
+	for i, k := range keys {
+		if i == 1 {
+			assert.NotEqual(t, store.Applied, bs[i].Status, "push to the hung master")
+			assert.NotEqual(t, store.Applied, rs[i].Status, "take on the hung master")
+			continue
+		}
+		assert.Equal(t, store.Applied, bs[i].Status, "push of %q to a healthy master: %v", k, bs[i].Err)
+		assert.Equal(t, store.Applied, rs[i].Status, "take of %q on a healthy master: %v", k, rs[i].Err)
+		// The healthy masters' circuits are closed: a call goes out.
+		r := newTake(pfx, k, future, 1, true, false, rule)
+		require.NoError(t, s.Take(context.Background(), []*store.TakeRequest{r}))
+		assert.Equal(t, store.Applied, r.Status, "take of %q on a healthy master after the hang: %v", k, r.Err)
+		if r.Status == store.Applied {
+			assert.Equal(t, int64(4), r.Counts[0].Cur, "key %q: two pushes and two takes of 1", k)
+		}
+	}
+}
