@@ -284,6 +284,9 @@ func (c Config) validate() (Config, error) {
 				// increments of one closed bucket besides the last.
 				return c, fmt.Errorf("hybridlimit: Config.Rules[%d] has buckets of %v, shorter than Config.SyncRate %v: in ModeAsync a bucket lasts at least a sync period", i, r.Window/time.Duration(r.Buckets), c.SyncRate)
 			}
+			if r.Type == Log && logBuckets(r.Window, c.SyncRate) < 2 {
+				return c, fmt.Errorf("hybridlimit: Config.Rules[%d] is a Log rule of %v: in ModeAsync it counts in at least 2 buckets of at least Config.SyncRate %v each, so its Window must be at least %v (or use ModeSynchronous for an exact log)", i, r.Window, c.SyncRate, 2*c.SyncRate)
+			}
 		}
 	} else if c.SyncRate != 0 {
 		return c, fmt.Errorf("hybridlimit: Config.SyncRate is %v, but only ModeAsync syncs periodically; leave it zero in Config.Mode %v", c.SyncRate, c.Mode)

@@ -32,6 +32,7 @@ func TestConfigValidation(t *testing.T) {
 		{"buckets missing", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Type: Bucketed}}}, "Config.Rules[0].Buckets is 0, want 2 to 64 for a Bucketed rule"},
 		{"buckets uneven", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Type: Bucketed, Buckets: 7}}}, "Config.Rules[0].Buckets is 7, which does not divide Window 1s into whole milliseconds"},
 		{"buckets on sliding", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Buckets: 10}}}, "Config.Rules[0].Buckets is 10, but only a Bucketed rule has buckets"},
+		{"log shorter than two syncs", Config{Rules: []Rule{{Limit: 5, Window: 150 * time.Millisecond, Type: Log}}, Mode: ModeAsync, Store: mem, SyncRate: 100 * time.Millisecond}, "Config.Rules[0] is a Log rule of 150ms: in ModeAsync it counts in at least 2 buckets of at least Config.SyncRate 100ms each, so its Window must be at least 200ms"},
 		{"buckets shorter than sync", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Type: Bucketed, Buckets: 20}}, Mode: ModeAsync, Store: mem, SyncRate: 100 * time.Millisecond}, "Config.Rules[0] has buckets of 50ms, shorter than Config.SyncRate 100ms"},
 		{"log limit", Config{Rules: []Rule{{Limit: 1 << 17, Window: time.Second, Type: Log}}}, "Config.Rules[0].Limit is 131072, want 1 to 65536 for a log rule"},
 		{"burst on sliding", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Burst: 3}}}, "Config.Rules[0].Burst is 3, but only TokenBucket and LeakyBucket rules have a burst"},

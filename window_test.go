@@ -109,3 +109,22 @@ func TestSeveralRulesRetryIsLongest(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, res.Allowed)
 }
+
+// In ModeAsync a Log rule counts in the most buckets of at least two sync
+// periods, or else of one.
+func TestLogBuckets(t *testing.T) {
+	for _, c := range []struct {
+		w, sync time.Duration
+		want    int
+	}{
+		{time.Second, 100 * time.Millisecond, 5},
+		{time.Second, 10 * time.Millisecond, 50},
+		{10 * time.Second, 100 * time.Millisecond, 50},
+		{time.Minute, 100 * time.Millisecond, 60},
+		{300 * time.Millisecond, 100 * time.Millisecond, 3}, // one period each: two of two do not fit
+		{200 * time.Millisecond, 100 * time.Millisecond, 2},
+		{150 * time.Millisecond, 100 * time.Millisecond, 1},
+	} {
+		assert.Equal(t, c.want, logBuckets(c.w, c.sync), "%v at %v", c.w, c.sync)
+	}
+}

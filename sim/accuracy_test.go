@@ -43,6 +43,12 @@ func TestAccuracyOfTheSharePolicy(t *testing.T) {
 		// 160 requests per node per window, under the limit.
 		{name: "under the limit", args: []string{"-duration", "20s", "-pattern", "under", "-rules", "2000/1s"}, lo: -0.01, hi: 0.01, falseDeny: 0.01},
 		{name: "10s store outage", args: []string{"-outage", "20s+10s"}, lo: -2.5, hi: 2, naiveAtLeast: 20},
+		// Other algorithms, against an exact reference of the same one.
+		{name: "log 1/s as buckets", args: []string{"-duration", "20s", "-rules", "1000/1s:log"}, lo: -1.5, hi: 1.5, naiveAtLeast: 10},
+		{name: "log 10s as buckets", args: []string{"-duration", "30s", "-rules", "10000/10s:log"}, lo: -0.5, hi: 0.5},
+		{name: "buckets", args: []string{"-duration", "20s", "-rules", "1000/1s:buckets=5"}, lo: -1.5, hi: 1.5, naiveAtLeast: 10},
+		{name: "token bucket", args: []string{"-duration", "20s", "-rules", "1000/1s:gcra=100"}, lo: -0.5, hi: 0.5},
+		{name: "leaky bucket", args: []string{"-duration", "20s", "-rules", "1000/1s:leaky=100", "-pattern", "burst"}, lo: -1, hi: 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

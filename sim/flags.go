@@ -112,7 +112,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.Keys, "keys", 0, "number of distinct keys (default 10, or 1000 for -pattern zipf)")
 	fs.Float64Var(&o.Zipf, "zipf", 1.1, "Zipf exponent s > 1 of key popularity for -pattern zipf")
 	fs.StringVar(&o.Pattern, "pattern", "steady", "traffic `pattern`: "+strings.Join(patterns, ", "))
-	rules := fs.String("rules", "1000/1s", "comma-separated `rules` LIMIT/WINDOW[:fixed], e.g. 1000/1s,20000/1m")
+	rules := fs.String("rules", "1000/1s", "comma-separated `rules` "+ruleSyntax+", e.g. 1000/1s,20000/1m or 1000/1s:gcra=200,30000/1m:log")
 	modes := fs.String("modes", "local,sync,naive:10ms,async:10ms,naive:100ms,async:100ms,naive:1s,async:1s", "comma-separated `configurations`: local, sync, async:RATE (the share policy), naive:RATE (the async mode's naive policy)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "random seed: the same seed gives the same traffic and the same report")
 	fs.BoolVar(&o.Stagger, "stagger", true, "spread the nodes' sync instants evenly over one sync period (false: all nodes sync at once)")

@@ -17,7 +17,11 @@ func validPattern(p string) bool {
 	return false
 }
 
-// parseRules parses "LIMIT/WINDOW[:fixed],...".
+// ruleSyntax is the form of one -rules item.
+const ruleSyntax = "LIMIT/WINDOW[:TYPE], TYPE one of sliding, fixed, log, buckets=N, gcra[=BURST], leaky[=QUEUE]"
+
+// parseRules parses "LIMIT/WINDOW[:TYPE],..." (see ruleSyntax) and checks
+// the rules as hybridlimit.New would.
 func parseRules(s string) ([]hybridlimit.Rule, error) {
 	var rules []hybridlimit.Rule
 	for _, part := range strings.Split(s, ",") {
@@ -25,7 +29,7 @@ func parseRules(s string) ([]hybridlimit.Rule, error) {
 		spec, typ, hasType := strings.Cut(part, ":")
 		lim, win, ok := strings.Cut(spec, "/")
 		if !ok {
-			return nil, usagef("-rules: %q is not LIMIT/WINDOW[:fixed], e.g. 1000/1s", part)
+			return nil, usagef("-rules: %q is not %s; e.g. 1000/1s,5/1m:log,10/1s:gcra=20", part, ruleSyntax)
 		}
 		limit, err := strconv.ParseInt(lim, 10, 64)
 		if err != nil || limit < 1 || limit > hybridlimit.MaxLimit {
@@ -37,23 +41,43 @@ func parseRules(s string) ([]hybridlimit.Rule, error) {
 		}
 		r := hybridlimit.Rule{Limit: limit, Window: w}
 		if hasType {
-			switch typ {
+			name, arg, hasArg := strings.Cut(typ, "=")
+			n := int64(0)
+			if hasArg {
+				if n, err = strconv.ParseInt(arg, 10, 64); err != nil || n < 1 {
+					return nil, usagef("-rules: %q in %q is not a whole number from 1", arg, part)
+				}
+			}
+			switch name {
+			case "sliding":
 			case "fixed":
 				r.Type = hybridlimit.Fixed
-			case "sliding":
+			case "log":
+				r.Type = hybridlimit.Log
+			case "buckets":
+				r.Type = hybridlimit.Bucketed
+				if !hasArg || n > hybridlimit.MaxBuckets {
+					return nil, usagef("-rules: %q needs buckets=N, N from 2 to %d", part, hybridlimit.MaxBuckets)
+				}
+				r.Buckets = int(n)
+			case "gcra", "token":
+				r.Type, r.Burst = hybridlimit.TokenBucket, n
+			case "leaky":
+				r.Type, r.Burst = hybridlimit.LeakyBucket, n
 			default:
-				return nil, usagef("-rules: window type %q in %q is not sliding or fixed", typ, part)
+				return nil, usagef("-rules: type %q in %q is not one of sliding, fixed, log, buckets=N, gcra[=BURST], leaky[=QUEUE]", typ, part)
 			}
-		}
-		for _, q := range rules {
-			if q.Window == w {
-				return nil, usagef("-rules: two rules have the window %v; use one rule per window", w)
+			if hasArg && name != "buckets" && name != "gcra" && name != "token" && name != "leaky" {
+				return nil, usagef("-rules: type %q in %q takes no argument", name, part)
 			}
 		}
 		rules = append(rules, r)
 	}
 	if len(rules) > hybridlimit.MaxRules {
 		return nil, usagef("-rules has %d rules, want at most %d", len(rules), hybridlimit.MaxRules)
+	}
+	if _, err := hybridlimit.New(hybridlimit.Config{Rules: rules, Manual: true}); err != nil {
+		return nil, usagef("-rules: %s", strings.TrimPrefix(err.Error(), "hybridlimit: "))
 	}
 	return rules, nil
 }
