@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/puzpuzpuz/xsync/v3"
 
 	"github.com/hybridlimit/hybridlimit"
@@ -74,6 +75,96 @@ func BenchmarkAllow(b *testing.B) {
 					_ = l.Close(context.Background())
 				}
 			}
+		}
+	}
+}
+
+// algorithmRules is one rule of each algorithm that admits every request
+// of a benchmark (the Log rule, 1024 per logWindow: 8 KiB per key).
+func algorithmRules(logWindow time.Duration) map[string]hybridlimit.Rule {
+	return map[string]hybridlimit.Rule{
+		"sliding":  {Limit: 1 << 40, Window: time.Minute},
+		"fixed":    {Limit: 1 << 40, Window: time.Minute, Type: hybridlimit.Fixed},
+		"bucketed": {Limit: 1 << 40, Window: time.Minute, Type: hybridlimit.Bucketed, Buckets: 60},
+		"log":      {Limit: 1024, Window: logWindow, Type: hybridlimit.Log},
+		"token":    {Limit: 1 << 30, Window: time.Hour, Type: hybridlimit.TokenBucket},
+		"leaky":    {Limit: 1 << 30, Window: time.Hour, Type: hybridlimit.LeakyBucket},
+	}
+}
+
+// algorithmNames is algorithmRules' keys in a fixed order.
+var algorithmNames = []string{"sliding", "fixed", "bucketed", "log", "token", "leaky"}
+
+// stepClock is the real clock, except that every Now is one microsecond
+// after the one before: a benchmark's decisions spread over time at a
+// known pace, with the same cost for every algorithm.
+type stepClock struct {
+	clock.Clock
+	at atomic.Int64
+}
+
+func (c *stepClock) Now() time.Time { return time.Unix(0, c.at.Add(int64(time.Microsecond))) }
+
+// BenchmarkAlgorithm times the local decision of one rule of each
+// algorithm, on one key and on 10,000, with the same cost model as
+// BenchmarkAllow (no I/O, no allocation). Time comes from stepClock.
+//
+//	go test -run '^$' -bench Algorithm -benchmem -count 6 . | benchstat -col /algo -
+func BenchmarkAlgorithm(b *testing.B) {
+	for _, nkeys := range []int{1, 10_000} {
+		// One key: 1000 decisions per ms. 10,000 keys: each seen every
+		// 10 ms, which a window of 1 s keeps from eviction.
+		rules := algorithmRules(time.Millisecond)
+		if nkeys > 1 {
+			rules = algorithmRules(time.Second)
+		}
+		for _, algo := range algorithmNames {
+			b.Run(fmt.Sprintf("keys=%d/algo=%s", nkeys, algo), func(b *testing.B) {
+				clk := &stepClock{Clock: clock.New()}
+				clk.at.Store(time.Now().UnixNano())
+				l, err := hybridlimit.New(hybridlimit.Config{Rules: []hybridlimit.Rule{rules[algo]}, MaxKeys: 2 * nkeys, Clock: clk})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer l.Close(context.Background())
+				keys := benchKeys(nkeys)
+				for _, k := range keys {
+					if _, err := l.Allow(context.Background(), k); err != nil {
+						b.Fatal(err)
+					}
+				}
+				benchAllow(b, l, keys)
+			})
+		}
+	}
+}
+
+// Every algorithm decides without allocating, once the key is tracked.
+func TestAlgorithmsDoNotAllocate(t *testing.T) {
+	rules := algorithmRules(time.Second)
+	for _, algo := range algorithmNames {
+		for _, mode := range []hybridlimit.Mode{hybridlimit.ModeLocal, hybridlimit.ModeAsync} {
+			cfg := hybridlimit.Config{Rules: []hybridlimit.Rule{rules[algo]}, Mode: mode}
+			if mode == hybridlimit.ModeAsync {
+				cfg.Store, cfg.Manual = store.NewMemory(nil), true
+			}
+			l, err := hybridlimit.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if _, err := l.Allow(ctx, "k"); err != nil {
+				t.Fatal(err)
+			}
+			allocs := testing.AllocsPerRun(1000, func() {
+				if res, err := l.Allow(ctx, "k"); err != nil || !res.Allowed {
+					t.Fatal(algo, mode, err, res)
+				}
+			})
+			if allocs != 0 {
+				t.Errorf("%s in %v: %v allocations per decision", algo, mode, allocs)
+			}
+			_ = l.Close(ctx)
 		}
 	}
 }
