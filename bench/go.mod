@@ -3,8 +3,9 @@ module github.com/hybridlimit/hybridlimit/bench
 go 1.26.0
 
 require (
+	github.com/benbjohnson/clock v1.3.5
 	github.com/go-redis/redis_rate/v10 v10.0.1
-	github.com/hybridlimit/hybridlimit v0.0.0-20261123043711-31c35d51a751
+	github.com/hybridlimit/hybridlimit v0.0.0-20261123055906-6bf2d11304a1
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/sethvargo/go-limiter v0.7.1
 	github.com/stretchr/testify v1.12.1
@@ -14,7 +15,6 @@ require (
 )
 
 require (
-	github.com/benbjohnson/clock v1.3.5 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/hashicorp/golang-lru v0.5.4 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
