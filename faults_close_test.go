@@ -200,12 +200,18 @@ func TestFaultCloseStoreDown(t *testing.T) {
 		start := time.Now()
 		keys := closeKeys()
 		allowed := newTally(keys)
-		err := closeRace(t, l, keys, allowed, func() {
-			// Until the loop pushed something: starved of CPU by the
-			// deciders, its first cycle can take a while.
-			for deadline := time.Now().Add(10 * time.Second); l.Stats().KeysPushed == 0 && time.Now().Before(deadline); {
-				time.Sleep(10 * time.Millisecond)
+		// The loop pushes some decisions first, before the deciders below
+		// starve it of CPU (on a loaded machine its first cycle under
+		// them can take longer than the test).
+		for _, k := range keys[:8] {
+			if res, err := l.Allow(context.Background(), k); err == nil && res.Allowed {
+				allowed.add(k)
 			}
+		}
+		for deadline := time.Now().Add(10 * time.Second); l.Stats().KeysPushed == 0; time.Sleep(5 * time.Millisecond) {
+			require.True(t, time.Now().Before(deadline), "the loop never pushed")
+		}
+		err := closeRace(t, l, keys, allowed, func() {
 			time.AfterFunc(2*time.Millisecond, p.Down)
 		}, 300*time.Millisecond)
 		var n int64

@@ -65,6 +65,20 @@ type RedisOptions struct {
 	// BreakerMax. A call its caller canceled counts for nothing. Defaults
 	// 100ms and 5s; a negative BreakerMin disables the breaker.
 	BreakerMin, BreakerMax time.Duration
+	// WaitReplicas, when positive, makes every call wait until that many
+	// replicas have its writes (Redis WAIT), for at most WaitTimeout
+	// (default 50ms, 1ms to 10s). A call that is not acknowledged in time
+	// is in doubt: a push is sent again until a master that its replicas
+	// follow applies it (exactly once, by its marker), and a synchronous
+	// decision goes to the FailurePolicy. A failover then loses nothing
+	// that a call reported applied, at the cost of a replication round
+	// trip per call; and a master with fewer replicas answering counts as
+	// failing. Not for Redis Cluster clients (their pipelines cannot carry
+	// WAIT to the master that ran the calls): NewRedis refuses it. Zero:
+	// no WAIT, and a failover loses what the old master acknowledged but
+	// had not replicated (see docs/failures.md).
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // NewRedis returns a store on the client c. It returns an error for
@@ -87,6 +101,18 @@ func NewRedis(c redis.UniversalClient, o RedisOptions) (*Redis, error) {
 	}
 	if o.BreakerMin > 0 && (o.BreakerMin < time.Millisecond || o.BreakerMax < o.BreakerMin || o.BreakerMax > time.Hour) {
 		return nil, fmt.Errorf("store: RedisOptions.BreakerMin is %v and BreakerMax %v, want 1ms ≤ BreakerMin ≤ BreakerMax ≤ 1h", o.BreakerMin, o.BreakerMax)
+	}
+	if o.WaitReplicas < 0 || o.WaitReplicas > 64 {
+		return nil, fmt.Errorf("store: RedisOptions.WaitReplicas is %d, want 0 to 64", o.WaitReplicas)
+	}
+	if o.WaitReplicas > 0 && o.WaitTimeout == 0 {
+		o.WaitTimeout = 50 * time.Millisecond
+	}
+	if o.WaitTimeout != 0 && (o.WaitReplicas == 0 || o.WaitTimeout < time.Millisecond || o.WaitTimeout > 10*time.Second) {
+		return nil, fmt.Errorf("store: RedisOptions.WaitTimeout is %v, want 1ms to 10s with WaitReplicas set", o.WaitTimeout)
+	}
+	if _, ok := c.(*redis.ClusterClient); ok && o.WaitReplicas > 0 {
+		return nil, errors.New("store: RedisOptions.WaitReplicas is set, but a Redis Cluster client cannot send WAIT to the master that ran a pipeline; use it with a standalone or Sentinel (failover) client")
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
@@ -216,8 +242,10 @@ func (s *Redis) exec(ctx context.Context, script *redis.Script, whole bool, item
 			cmds[k] = script.EvalSha(ctx, pipe, keys[k], argv[k]...)
 		}
 	}
+	wait := s.wait(ctx, pipe)
 	s.calls.Add(1)
 	_, _ = pipe.Exec(ctx)
+	s.waited(wait, cmds)
 	var retry []int
 	for k, cmd := range cmds {
 		if isNoScript(cmd.Err()) {
@@ -226,13 +254,53 @@ func (s *Redis) exec(ctx context.Context, script *redis.Script, whole bool, item
 	}
 	if len(retry) > 0 {
 		pipe := s.c.Pipeline()
-		for _, k := range retry {
+		again := make([]*redis.Cmd, len(retry))
+		for j, k := range retry {
 			cmds[k] = script.Eval(ctx, pipe, keys[k], argv[k]...)
+			again[j] = cmds[k]
 		}
+		wait := s.wait(ctx, pipe)
 		s.calls.Add(1)
 		_, _ = pipe.Exec(ctx)
+		s.waited(wait, again)
 	}
 	return cmds
+}
+
+// wait appends WAIT to pipe when RedisOptions.WaitReplicas is set.
+func (s *Redis) wait(ctx context.Context, pipe redis.Pipeliner) *redis.Cmd {
+	if s.o.WaitReplicas == 0 {
+		return nil
+	}
+	return pipe.Do(ctx, "wait", s.o.WaitReplicas, s.o.WaitTimeout.Milliseconds())
+}
+
+// errNotReplicated marks a call whose writes too few replicas acknowledged.
+type errNotReplicated struct{ got, want int64 }
+
+func (e errNotReplicated) Error() string {
+	return fmt.Sprintf("store: redis: %d of %d replicas acknowledged the call's writes (RedisOptions.WaitReplicas): in doubt", e.got, e.want)
+}
+
+// waited puts the calls of a pipeline in doubt when its WAIT did not see
+// enough replicas: a failover could lose what they wrote.
+func (s *Redis) waited(wait *redis.Cmd, cmds []*redis.Cmd) {
+	if wait == nil {
+		return
+	}
+	n, err := wait.Int64()
+	if err == nil && n >= int64(s.o.WaitReplicas) {
+		return
+	}
+	var fail error = errNotReplicated{n, int64(s.o.WaitReplicas)}
+	if err != nil {
+		fail = fmt.Errorf("store: redis WAIT: %w", err)
+	}
+	for _, c := range cmds {
+		if c.Err() == nil { // not an error reply, which wrote nothing
+			c.SetErr(fail)
+		}
+	}
 }
 
 // Push implements Store.

@@ -138,6 +138,9 @@ func TestNewRedisErrors(t *testing.T) {
 		{store.RedisOptions{Lanes: 65}, "Lanes is 65, want 1 to 64"},
 		{store.RedisOptions{Lanes: -1}, "Lanes is -1"},
 		{store.RedisOptions{BreakerMin: time.Second, BreakerMax: time.Millisecond}, "BreakerMin is 1s and BreakerMax 1ms"},
+		{store.RedisOptions{WaitReplicas: -1}, "WaitReplicas is -1, want 0 to 64"},
+		{store.RedisOptions{WaitTimeout: time.Second}, "WaitTimeout is 1s, want 1ms to 10s with WaitReplicas set"},
+		{store.RedisOptions{WaitReplicas: 1, WaitTimeout: time.Minute}, "WaitTimeout is 1m0s"},
 	} {
 		_, err := store.NewRedis(c, tt.o)
 		assert.ErrorContains(t, err, tt.want)
@@ -145,4 +148,36 @@ func TestNewRedisErrors(t *testing.T) {
 	_, err := store.NewRedis(nil, store.RedisOptions{})
 	assert.Error(t, err)
 	assert.False(t, errors.Is(err, store.ErrUnavailable))
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer cc.Close()
+	_, err = store.NewRedis(cc, store.RedisOptions{WaitReplicas: 1})
+	assert.ErrorContains(t, err, "a Redis Cluster client cannot send WAIT")
+}
+
+// With WaitReplicas, a call that too few replicas acknowledged is in
+// doubt (the standalone test server has none); sent again it stays
+// applied once, and a synchronous request is in doubt too.
+func TestRedisWaitReplicas(t *testing.T) {
+	s, _ := proxied(t, store.RedisOptions{WaitReplicas: 1, WaitTimeout: 5 * time.Millisecond, BreakerMin: -1})
+	pfx := redistest.Prefix(t)
+	const w = 60_000
+	id := future / w
+	ctx := context.Background()
+	for range 2 {
+		b := batch(s, pfx, "n", "k", 1, op(w, id, 3))
+		require.NoError(t, s.Push(ctx, []*store.Batch{b}))
+		assert.Equal(t, store.InDoubt, b.Status)
+		assert.ErrorContains(t, b.Err, "0 of 1 replicas acknowledged")
+	}
+	got, err := redistest.Client(t).Get(ctx, store.CounterKey(pfx, store.Counter{Key: "k", Window: w, ID: id})).Int64()
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), got, "applied once, though sent twice")
+	r := newTake(pfx, "k", future, 1, false, false, wr(10, w))
+	require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
+	assert.Equal(t, store.InDoubt, r.Status)
+
+	plain, _ := proxied(t, store.RedisOptions{})
+	b := batch(plain, pfx, "n", "k", 2, op(w, id, 1))
+	push(t, plain, b)
+	assert.Equal(t, []int64{5}, b.Totals, "3 pushed, 1 taken (in doubt, but run), 1 pushed")
 }
