@@ -3,6 +3,7 @@ package hybridlimit
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -117,6 +118,8 @@ const (
 	MaxLogLimit = 1 << 16
 	// MaxKeyLenCap is the largest Config.MaxKeyLen.
 	MaxKeyLenCap = 1 << 16
+	// MaxTiers is the most tiers a Config may hold besides Rules.
+	MaxTiers = 64
 )
 
 // Defaults of the configuration, used where a field is zero.
@@ -143,9 +146,30 @@ const (
 // once and never changes it.
 type Config struct {
 	// Rules are the limits enforced on every key: a request is admitted
-	// only when every rule admits it. 1 to MaxRules rules, no two with the
-	// same Window.
+	// only when every rule admits it. 1 to MaxRules rules, no two that
+	// count alike (the same Window and algorithm). Rules is the default
+	// tier, named "".
 	Rules []Rule
+
+	// Tiers are further named sets of rules, each validated as Rules is,
+	// for keys that need other limits: a free plan and a paid one, say. A
+	// key's tier is the one an override names (Limiter.SetOverride),
+	// else the one TierOf names, else the default. At most MaxTiers tiers;
+	// names are 1 to 64 printable ASCII characters. Each tier holds up to
+	// MaxKeys keys. A key's counters in the store are shared by the tiers
+	// whose rules count alike, so a key that changes tier keeps what it
+	// spent on them (see docs/policies.md).
+	Tiers map[string][]Rule
+
+	// TierOf, if set, returns a key's tier: "" for Rules, or a name in
+	// Tiers. It is called on every decision of a key without an override,
+	// and must be fast and safe for concurrent use. A name that is not a
+	// tier makes the decision fail with an error.
+	TierOf func(key string) string
+
+	// Ban, when its Denials is set, blocks a key after repeated denials
+	// (see BanPolicy).
+	Ban BanPolicy
 
 	// Mode is ModeLocal (the zero value), ModeAsync or ModeSynchronous.
 	Mode Mode
@@ -243,21 +267,99 @@ type Config struct {
 	Manual bool
 }
 
+// validateRules checks the rules of a tier; field names them in errors.
+func validateRules(field string, rules []Rule) error {
+	for i, r := range rules {
+		if err := r.validate(fmt.Sprintf("%s[%d]", field, i)); err != nil {
+			return err
+		}
+		for j := range i {
+			if sameCounters(rules[j], r) {
+				return fmt.Errorf("hybridlimit: %s[%d] (%v) counts like %s[%d] (%v); use one rule per window and algorithm", field, i, r, field, j, rules[j])
+			}
+		}
+	}
+	return nil
+}
+
+// checkAsyncRules checks what ModeAsync asks of a tier's rules.
+func checkAsyncRules(field string, rules []Rule, syncRate time.Duration) error {
+	for i, r := range rules {
+		if r.Type == Bucketed && r.Window/time.Duration(r.Buckets) < syncRate {
+			// A sync per bucket at least: a counter keeps the
+			// increments of one closed bucket besides the last.
+			return fmt.Errorf("hybridlimit: %s[%d] has buckets of %v, shorter than Config.SyncRate %v: in ModeAsync a bucket lasts at least a sync period", field, i, r.Window/time.Duration(r.Buckets), syncRate)
+		}
+		if r.Type == Log && logBuckets(r.Window, syncRate) < 2 {
+			return fmt.Errorf("hybridlimit: %s[%d] is a Log rule of %v: in ModeAsync it counts in at least 2 buckets of at least Config.SyncRate %v each, so its Window must be at least %v (or use ModeSynchronous for an exact log)", field, i, r.Window, syncRate, 2*syncRate)
+		}
+	}
+	return nil
+}
+
+// namedRules is a tier's name, its rules and the field that holds them.
+type namedRules struct {
+	name, field string
+	rules       []Rule
+}
+
+// tierList returns the default tier, then the others by name.
+func (c *Config) tierList() []namedRules {
+	out := []namedRules{{"", "Config.Rules", c.Rules}}
+	names := make([]string, 0, len(c.Tiers))
+	for name := range c.Tiers {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		out = append(out, namedRules{name, fmt.Sprintf("Config.Tiers[%q]", name), c.Tiers[name]})
+	}
+	return out
+}
+
+// checkTierName checks a tier's name.
+func checkTierName(name string) error {
+	if len(name) < 1 || len(name) > 64 {
+		return fmt.Errorf("tier name %q has %d bytes, want 1 to 64", name, len(name))
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] < 0x21 || name[i] > 0x7e {
+			return fmt.Errorf("tier name %q holds a byte 0x%02x, want printable ASCII without spaces", name, name[i])
+		}
+	}
+	return nil
+}
+
 // validate checks c and returns a copy with the defaults filled in.
 func (c Config) validate() (Config, error) {
 	if len(c.Rules) == 0 || len(c.Rules) > MaxRules {
 		return c, fmt.Errorf("hybridlimit: Config.Rules has %d rules, want 1 to %d", len(c.Rules), MaxRules)
 	}
 	c.Rules = append([]Rule(nil), c.Rules...)
-	for i, r := range c.Rules {
-		if err := r.validate(i); err != nil {
+	if err := validateRules("Config.Rules", c.Rules); err != nil {
+		return c, err
+	}
+	if len(c.Tiers) > MaxTiers {
+		return c, fmt.Errorf("hybridlimit: Config.Tiers has %d tiers, want at most %d", len(c.Tiers), MaxTiers)
+	}
+	tiers := make(map[string][]Rule, len(c.Tiers))
+	for name, rules := range c.Tiers {
+		if err := checkTierName(name); err != nil {
+			return c, fmt.Errorf("hybridlimit: Config.Tiers: %w", err)
+		}
+		field := fmt.Sprintf("Config.Tiers[%q]", name)
+		if len(rules) == 0 || len(rules) > MaxRules {
+			return c, fmt.Errorf("hybridlimit: %s has %d rules, want 1 to %d", field, len(rules), MaxRules)
+		}
+		rules = append([]Rule(nil), rules...)
+		if err := validateRules(field, rules); err != nil {
 			return c, err
 		}
-		for j := range i {
-			if sameCounters(c.Rules[j], r) {
-				return c, fmt.Errorf("hybridlimit: Config.Rules[%d] (%v) counts like Config.Rules[%d] (%v); use one rule per window and algorithm", i, r, j, c.Rules[j])
-			}
-		}
+		tiers[name] = rules
+	}
+	c.Tiers = tiers
+	if err := c.Ban.validate(); err != nil {
+		return c, err
 	}
 	switch c.Mode {
 	case ModeLocal:
@@ -278,14 +380,9 @@ func (c Config) validate() (Config, error) {
 		if c.SyncRate < time.Millisecond || c.SyncRate > time.Hour {
 			return c, fmt.Errorf("hybridlimit: Config.SyncRate is %v, want 1ms to 1h", c.SyncRate)
 		}
-		for i, r := range c.Rules {
-			if r.Type == Bucketed && r.Window/time.Duration(r.Buckets) < c.SyncRate {
-				// A sync per bucket at least: a counter keeps the
-				// increments of one closed bucket besides the last.
-				return c, fmt.Errorf("hybridlimit: Config.Rules[%d] has buckets of %v, shorter than Config.SyncRate %v: in ModeAsync a bucket lasts at least a sync period", i, r.Window/time.Duration(r.Buckets), c.SyncRate)
-			}
-			if r.Type == Log && logBuckets(r.Window, c.SyncRate) < 2 {
-				return c, fmt.Errorf("hybridlimit: Config.Rules[%d] is a Log rule of %v: in ModeAsync it counts in at least 2 buckets of at least Config.SyncRate %v each, so its Window must be at least %v (or use ModeSynchronous for an exact log)", i, r.Window, c.SyncRate, 2*c.SyncRate)
+		for _, tier := range c.tierList() {
+			if err := checkAsyncRules(tier.field, tier.rules, c.SyncRate); err != nil {
+				return c, err
 			}
 		}
 	} else if c.SyncRate != 0 {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hybridlimit/hybridlimit/local"
+	"github.com/hybridlimit/hybridlimit/store"
 )
 
 // Errors returned by decisions.
@@ -21,6 +22,9 @@ var (
 	// ErrCost is wrapped by the error returned for a cost below 1 or above
 	// what some rule admits at once (its Limit, or a bucket's Burst).
 	ErrCost = errors.New("hybridlimit: invalid cost")
+	// ErrUnknownTier is wrapped by the error returned when Config.TierOf
+	// names a tier that is not in Config.Tiers.
+	ErrUnknownTier = errors.New("hybridlimit: unknown tier")
 )
 
 // Result is the outcome of one decision. Limit, Remaining and ResetAfter
@@ -50,21 +54,13 @@ type Result struct {
 	// its turn in a LeakyBucket rule's queue (the longest, with several).
 	// Zero for the other algorithms, and when denied. WaitN waits it.
 	Delay time.Duration
-}
-
-// result turns a decision of package local into a Result.
-func (l *Limiter) result(d local.Decision) Result {
-	r := &l.cfg.Rules[d.Rule]
-	return Result{
-		Allowed:    d.Allowed,
-		Rule:       d.Rule,
-		Limit:      r.Limit,
-		Window:     r.Window,
-		Remaining:  d.Remaining,
-		RetryAfter: time.Duration(d.RetryAfter),
-		ResetAfter: time.Duration(d.ResetAfter),
-		Delay:      time.Duration(d.Delay),
-	}
+	// Blocked reports that the key is blocked (Limiter.Block, or a
+	// BanPolicy): the request was denied before any rule counted it, and
+	// RetryAfter is the time left on the block.
+	Blocked bool
+	// Tier is the name of the key's tier ("" for Config.Rules); Rule
+	// indexes that tier's rules.
+	Tier string
 }
 
 // Allow is AllowN(ctx, key, 1).
@@ -81,37 +77,53 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // done ctx; store failures are decided by the FailurePolicy and reported in
 // Result.Degraded.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, error) {
-	if err := l.check(key, n, "AllowN"); err != nil {
+	t, err := l.route(key, n, "AllowN")
+	if err != nil {
 		return Result{Rule: -1}, err
 	}
+	if l.pol.active.Load() {
+		if b, ok := l.pol.block(key, l.clock.now()); ok {
+			return l.blockedResult(t, b), nil
+		}
+	}
 	if l.sync != nil {
-		return l.sync.decide(ctx, key, n, false)
+		return l.sync.decide(ctx, t, key, n, false)
 	}
 	if l.cfg.FailurePolicy == FailClosed && l.loop != nil && l.loop.Failing() && l.loop.KeyFailing(key) {
-		return l.failClosed(), nil
+		return l.failClosed(t), nil
 	}
-	d, st := l.table.Allow(key, n, l.clock.now())
+	now := l.clock.now()
+	d, st := t.table.Allow(key, n, now)
 	if st != local.Decided {
-		return l.undecided(st, n)
+		return l.undecided(t, st, n)
 	}
-	r := &l.cfg.Rules[d.Rule]
+	if !d.Allowed && l.bans != nil {
+		l.noteDenied(key, now)
+	}
+	r := &t.cfg[d.Rule]
 	return Result{Allowed: d.Allowed, Rule: d.Rule, Limit: r.Limit, Window: r.Window, Remaining: d.Remaining,
-		RetryAfter: time.Duration(d.RetryAfter), ResetAfter: time.Duration(d.ResetAfter), Delay: time.Duration(d.Delay)}, nil
+		RetryAfter: time.Duration(d.RetryAfter), ResetAfter: time.Duration(d.ResetAfter), Delay: time.Duration(d.Delay), Tier: t.name}, nil
 }
 
-// decideLocal decides on this node's table.
-func (l *Limiter) decideLocal(key string, n, now int64) (Result, error) {
-	d, st := l.table.Allow(key, n, now)
+// blockedResult answers a request of a blocked key.
+func (l *Limiter) blockedResult(t *tier, b store.Policy) Result {
+	l.blocked.Add(1)
+	return t.blocked(b, l.clock.now())
+}
+
+// decideLocal decides on this node's table of t.
+func (l *Limiter) decideLocal(t *tier, key string, n, now int64) (Result, error) {
+	d, st := t.table.Allow(key, n, now)
 	if st != local.Decided {
-		return l.undecided(st, n)
+		return l.undecided(t, st, n)
 	}
-	return l.result(d), nil
+	return t.result(d), nil
 }
 
 // undecided answers a decision the table did not make.
-func (l *Limiter) undecided(st local.Status, n int64) (Result, error) {
+func (l *Limiter) undecided(t *tier, st local.Status, n int64) (Result, error) {
 	if st == local.Full {
-		return l.untracked(n), nil
+		return l.untracked(t, n), nil
 	}
 	return Result{Rule: -1}, ErrClosed
 }
@@ -125,13 +137,19 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 // without consuming anything. Remaining is what is left before the request.
 // It makes a store round trip in ModeSynchronous only.
 func (l *Limiter) PeekN(ctx context.Context, key string, n int64) (Result, error) {
-	if err := l.check(key, n, "PeekN"); err != nil {
+	t, err := l.route(key, n, "PeekN")
+	if err != nil {
 		return Result{Rule: -1}, err
 	}
-	if l.sync != nil {
-		return l.sync.decide(ctx, key, n, true)
+	if l.pol.active.Load() {
+		if b, ok := l.pol.block(key, l.clock.now()); ok {
+			return t.blocked(b, l.clock.now()), nil
+		}
 	}
-	return l.result(l.table.Peek(key, n, l.clock.now())), nil
+	if l.sync != nil {
+		return l.sync.decide(ctx, t, key, n, true)
+	}
+	return t.result(t.table.Peek(key, n, l.clock.now())), nil
 }
 
 // Wait is WaitN(ctx, key, 1).
@@ -204,37 +222,18 @@ type RuleState struct {
 // node's last decision on key. Use it to fill per-rule response headers
 // after a decision. It allocates only when dst lacks room.
 func (l *Limiter) State(ctx context.Context, key string, dst []RuleState) ([]RuleState, error) {
-	if err := l.check(key, 1, "State"); err != nil {
+	t, err := l.route(key, 1, "State")
+	if err != nil {
 		return dst, err
 	}
 	var counts [MaxRules]local.Counts
-	l.table.View(key, l.clock.now(), 1, counts[:len(l.rules)])
-	for i := range l.rules {
-		rem, reset := l.rules[i].Level(counts[i])
-		r := &l.cfg.Rules[i]
+	t.table.View(key, l.clock.now(), 1, counts[:len(t.rules)])
+	for i := range t.rules {
+		rem, reset := t.rules[i].Level(counts[i])
+		r := &t.cfg[i]
 		dst = append(dst, RuleState{Rule: i, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset)})
 	}
 	return dst, nil
-}
-
-func (l *Limiter) check(key string, n int64, op string) error {
-	switch {
-	case l.closed.Load():
-		return ErrClosed
-	case len(key) == 0:
-		return ErrEmptyKey
-	case len(key) > l.cfg.MaxKeyLen:
-		return &inputError{fmt.Sprintf("hybridlimit: key of %d bytes exceeds Config.MaxKeyLen %d", len(key), l.cfg.MaxKeyLen), ErrKeyTooLong}
-	case n < 1:
-		return &inputError{fmt.Sprintf("hybridlimit: %s(n=%d): cost must be at least 1", op, n), ErrCost}
-	case n > l.minLimit:
-		field := "Limit"
-		if t := l.cfg.Rules[l.minRule].Type; t == TokenBucket || t == LeakyBucket {
-			field = "Burst"
-		}
-		return &inputError{fmt.Sprintf("hybridlimit: %s(n=%d) exceeds Config.Rules[%d].%s %d: it can never be admitted", op, n, l.minRule, field, l.minLimit), ErrCost}
-	}
-	return nil
 }
 
 // inputError is an error about the caller's input, wrapping a sentinel.
@@ -249,9 +248,9 @@ func (e *inputError) Unwrap() error { return e.kind }
 // untracked decides a request of cost n for a new key while the table is
 // full: FailOpen admits it (the cost fits every limit: check made sure),
 // FailClosed denies it.
-func (l *Limiter) untracked(n int64) Result {
+func (l *Limiter) untracked(t *tier, n int64) Result {
 	l.overflow.Add(1)
-	res := l.fresh()
+	res := t.fresh()
 	res.Degraded = true
 	if l.cfg.FailurePolicy == FailClosed {
 		l.untrackedDenied.Add(1)
@@ -264,18 +263,12 @@ func (l *Limiter) untracked(n int64) Result {
 }
 
 // failClosed denies a request while the store fails, under FailClosed.
-func (l *Limiter) failClosed() Result {
+func (l *Limiter) failClosed(t *tier) Result {
 	l.degraded.Add(1)
 	l.untrackedDenied.Add(1)
-	res := l.fresh()
+	res := t.fresh()
 	res.Allowed, res.Degraded, res.Remaining = false, true, 0
 	res.RetryAfter = l.loop.Backoff()
 	return res
 }
 
-// fresh returns the result for a key with no counts: the tightest rule,
-// untouched.
-func (l *Limiter) fresh() Result {
-	r := &l.cfg.Rules[l.minRule]
-	return Result{Allowed: true, Rule: l.minRule, Limit: r.Limit, Window: r.Window, Remaining: r.maxCost()}
-}

@@ -20,13 +20,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
 	"github.com/hybridlimit/hybridlimit/local"
+	"github.com/hybridlimit/hybridlimit/store"
 	syncloop "github.com/hybridlimit/hybridlimit/sync"
 )
 
@@ -35,19 +35,22 @@ import (
 // of goroutines. Close it to stop its background goroutines and push what
 // is still pending.
 type Limiter struct {
-	cfg      Config
-	rules    []local.Rule
-	minLimit int64 // the smallest limit, the largest valid cost
-	minRule  int
-	table    *local.Table
-	loop     *syncloop.Loop // nil in ModeLocal
-	clock    *clusterClock
-	sync     *synchronous // nil unless ModeSynchronous
+	cfg    Config
+	def    *tier            // Rules
+	tiers  []*tier          // def, then Config.Tiers by name
+	byName map[string]*tier // every tier, def as ""
+	tiered bool             // Config.Tiers or TierOf are set
+	pol    policies
+	bans   *bans          // nil without Config.Ban
+	loop   *syncloop.Loop // nil in ModeLocal
+	clock  *clusterClock
+	sync   *synchronous // nil unless ModeSynchronous
 
 	untrackedAllowed atomic.Uint64
 	untrackedDenied  atomic.Uint64
 	degraded         atomic.Uint64
 	overflow         atomic.Uint64
+	blocked          atomic.Uint64
 
 	closed    atomic.Bool
 	stop      chan struct{}
@@ -64,35 +67,44 @@ func New(cfg Config) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Limiter{cfg: cfg, minLimit: math.MaxInt64, stop: make(chan struct{})}
-	var longest time.Duration
-	for i, r := range cfg.Rules {
-		spec := r.spec()
-		if r.Type == Log && cfg.Mode == ModeAsync {
-			// A log cannot be merged across nodes by increments: count in
-			// buckets of at least a sync period (docs/algorithms.md).
-			spec.Kind, spec.Buckets = local.Buckets, logBuckets(r.Window, cfg.SyncRate)
-		}
-		l.rules = append(l.rules, local.NewRule(spec))
-		longest = max(longest, r.Window)
-		if r.maxCost() < l.minLimit {
-			l.minLimit, l.minRule = r.maxCost(), i
-		}
-	}
+	l := &Limiter{cfg: cfg, stop: make(chan struct{}), byName: map[string]*tier{}}
 	syncing := cfg.Mode != ModeLocal
 	rate := cfg.SyncRate
 	if cfg.Mode == ModeSynchronous {
 		rate = DefaultSyncRate // pushes what was decided locally while the store failed
 	}
-	l.table = local.NewTable(local.Options{
-		Rules:       l.rules,
-		MaxKeys:     cfg.MaxKeys,
-		Syncing:     syncing,
-		ReadPrev:    int64(2 * rate),
-		CountDenied: cfg.CountDenied,
-		Share:       cfg.Mode == ModeAsync && cfg.AsyncPolicy == Share,
-		Seed:        cfg.Seed,
-	})
+	var longest time.Duration
+	var tables []*local.Table
+	for _, nr := range cfg.tierList() {
+		t := newTier(&cfg, nr.name, nr.field, nr.rules)
+		t.table = local.NewTable(local.Options{
+			Rules:       t.rules,
+			MaxKeys:     cfg.MaxKeys,
+			Syncing:     syncing,
+			ReadPrev:    int64(2 * rate),
+			CountDenied: cfg.CountDenied,
+			Share:       cfg.Mode == ModeAsync && cfg.AsyncPolicy == Share,
+			Seed:        cfg.Seed,
+		})
+		l.tiers = append(l.tiers, t)
+		l.byName[t.name] = t
+		tables = append(tables, t.table)
+		longest = max(longest, t.longest)
+	}
+	l.def = l.tiers[0]
+	l.tiered = len(l.tiers) > 1 || cfg.TierOf != nil
+	l.pol.prefix = cfg.Prefix
+	if cfg.Mode == ModeLocal {
+		l.pol.st = store.NewMemory(cfg.Clock)
+	} else if ps, ok := cfg.Store.(store.PolicyStore); ok {
+		l.pol.st = ps
+	}
+	if cfg.Ban.Denials > 0 {
+		if l.pol.st == nil {
+			return nil, ErrNoPolicies
+		}
+		l.bans = newBans(cfg.Ban)
+	}
 	offset := func() int64 { return 0 }
 	if syncing {
 		var id [8]byte
@@ -102,7 +114,7 @@ func New(cfg Config) (*Limiter, error) {
 			clockSync = 0
 		}
 		l.loop = syncloop.New(syncloop.Config{
-			Table:     l.table,
+			Tables:    tables,
 			Store:     cfg.Store,
 			Prefix:    cfg.Prefix,
 			Node:      hex.EncodeToString(id[:]),
@@ -126,13 +138,13 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.Mode == ModeSynchronous {
 		l.sync = newSynchronous(l)
 	}
-	l.start(longest)
+	l.start(longest, rate)
 	return l, nil
 }
 
-// start starts the background goroutines: the coarse clock, eviction and
-// the sync loop, as the Config asks.
-func (l *Limiter) start(longest time.Duration) {
+// start starts the background goroutines: the coarse clock, eviction, the
+// sync loop and the policy reloads (every rate), as the Config asks.
+func (l *Limiter) start(longest, rate time.Duration) {
 	tick := l.cfg.ClockResolution
 	evict := min(max(longest/2, time.Second), time.Minute)
 	if l.cfg.Manual {
@@ -148,6 +160,30 @@ func (l *Limiter) start(longest time.Duration) {
 			defer l.wg.Done()
 			l.loop.Run(l.stop)
 		}()
+		if l.pol.st != nil {
+			l.wg.Add(1)
+			go l.watchPolicies(rate)
+		}
+	}
+}
+
+// watchPolicies reloads the policies every rate when their version
+// changed, until Close.
+func (l *Limiter) watchPolicies(rate time.Duration) {
+	defer l.wg.Done()
+	t := l.cfg.Clock.Ticker(rate)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
+		if err := l.pol.reload(ctx, false); err != nil {
+			l.loop.ReportError(err)
+		}
+		cancel()
 	}
 }
 
@@ -180,7 +216,7 @@ func (l *Limiter) housekeep(tick, evict time.Duration) {
 	}
 }
 
-// Rules returns a copy of the limiter's rules.
+// Rules returns a copy of the limiter's rules (the default tier's).
 func (l *Limiter) Rules() []Rule { return append([]Rule(nil), l.cfg.Rules...) }
 
 // Mode returns the limiter's mode.
@@ -191,15 +227,20 @@ func (l *Limiter) FailurePolicy() FailurePolicy { return l.cfg.FailurePolicy }
 
 // Sync runs one sync cycle now: it pushes the pending increments of the
 // keys touched since the last cycle, and the batches whose answer was
-// lost, and pulls the keys' cluster totals. The background loop calls it
-// every SyncRate; call it yourself with Config.Manual, or to push early.
-// It returns the first store error, if any; what was not applied is kept
-// for the next cycle. It does nothing in ModeLocal.
+// lost, and pulls the keys' cluster totals; and it reloads the overrides
+// and blocks if they changed. The background loop calls it every
+// SyncRate; call it yourself with Config.Manual, or to push early. It
+// returns the first store error, if any; what was not applied is kept for
+// the next cycle. It does nothing in ModeLocal.
 func (l *Limiter) Sync(ctx context.Context) error {
 	if l.loop == nil {
 		return nil
 	}
-	return l.loop.Cycle(ctx)
+	err := l.loop.Cycle(ctx)
+	if perr := l.pol.reload(ctx, false); err == nil {
+		err = perr
+	}
+	return err
 }
 
 // SyncClock measures this node's clock offset to the store's clock now
@@ -216,7 +257,11 @@ func (l *Limiter) SyncClock(ctx context.Context) error {
 // The background goroutine calls it periodically unless Config.Manual is
 // set.
 func (l *Limiter) Evict() int {
-	return l.table.Evict(l.clock.now())
+	n := 0
+	for _, t := range l.tiers {
+		n += t.table.Evict(l.clock.now())
+	}
+	return n
 }
 
 // Close stops the background goroutines, then pushes every pending
@@ -232,6 +277,9 @@ func (l *Limiter) Close(ctx context.Context) error {
 		l.closed.Store(true)
 		close(l.stop)
 		l.wg.Wait()
+		if l.bans != nil {
+			l.bans.close()
+		}
 		if l.loop != nil {
 			if _, ok := ctx.Deadline(); !ok {
 				var cancel context.CancelFunc
@@ -241,8 +289,10 @@ func (l *Limiter) Close(ctx context.Context) error {
 			l.closeErr = l.loop.Flush(ctx)
 			return
 		}
-		l.table.Close()
-		l.table.FlushDone()
+		for _, t := range l.tiers {
+			t.table.Close()
+			t.table.FlushDone()
+		}
 	})
 	return l.closeErr
 }

@@ -5,15 +5,17 @@ import "time"
 // Stats is a snapshot of a Limiter's counters, for monitoring. Counters only
 // grow over the limiter's life.
 type Stats struct {
-	// Allowed and Denied count decisions (Peek excluded).
+	// Allowed and Denied count decisions (Peek excluded), over every tier.
 	Allowed, Denied uint64
+	// Blocked counts the denials of blocked keys (Denied includes them).
+	Blocked uint64
 	// Degraded counts decisions made by the FailurePolicy because the store
 	// failed.
 	Degraded uint64
 	// Overflow counts decisions on new keys while the table held MaxKeys.
 	Overflow uint64
-	// Keys is the number of keys tracked now; Evicted counts keys removed
-	// after being idle.
+	// Keys is the number of keys tracked now, over every tier; Evicted
+	// counts keys removed after being idle.
 	Keys    int
 	Evicted uint64
 	// Pending is the increments not yet acknowledged by the store.
@@ -60,16 +62,21 @@ type Stats struct {
 // table, so it costs time linear in the number of keys: call it for
 // monitoring, not per request.
 func (l *Limiter) Stats() Stats {
-	t := l.table.Stats()
 	st := Stats{
-		Allowed:  t.Allowed + l.untrackedAllowed.Load(),
-		Denied:   t.Denied + l.untrackedDenied.Load(),
+		Allowed:  l.untrackedAllowed.Load(),
+		Denied:   l.untrackedDenied.Load() + l.blocked.Load(),
+		Blocked:  l.blocked.Load(),
 		Degraded: l.degraded.Load(),
 		Overflow: l.overflow.Load(),
-		Keys:     t.Keys,
-		Evicted:  t.Evicted,
-		Pending:  t.Unsynced,
-		Dropped:  t.Dropped,
+	}
+	for _, tr := range l.tiers {
+		t := tr.table.Stats()
+		st.Allowed += t.Allowed
+		st.Denied += t.Denied
+		st.Keys += t.Keys
+		st.Evicted += t.Evicted
+		st.Pending += t.Unsynced
+		st.Dropped += t.Dropped
 	}
 	if l.loop != nil {
 		s := l.loop.Stats()

@@ -33,7 +33,6 @@ const (
 
 type synchronous struct {
 	l       *Limiter
-	rules   []local.Rule
 	timeout time.Duration
 
 	mu       sync.Mutex
@@ -52,12 +51,12 @@ type call struct {
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan bool, 1)} }}
 
 func newSynchronous(l *Limiter) *synchronous {
-	return &synchronous{l: l, rules: l.rules, timeout: l.cfg.StoreTimeout}
+	return &synchronous{l: l, timeout: l.cfg.StoreTimeout}
 }
 
 // decide makes one decision in the store, or by the FailurePolicy when
 // the store does not decide it.
-func (s *synchronous) decide(ctx context.Context, key string, n int64, peek bool) (Result, error) {
+func (s *synchronous) decide(ctx context.Context, t *tier, key string, n int64, peek bool) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{Rule: -1}, err
 	}
@@ -69,7 +68,7 @@ func (s *synchronous) decide(ctx context.Context, key string, n int64, peek bool
 	c.req = store.TakeRequest{
 		Prefix:      l.cfg.Prefix,
 		Key:         key,
-		Rules:       s.rules,
+		Rules:       t.rules,
 		Now:         us, // Deadline is set when the request is sent
 		Cost:        n,
 		Peek:        peek,
@@ -82,14 +81,14 @@ func (s *synchronous) decide(ctx context.Context, key string, n int64, peek bool
 		l.degraded.Add(1)
 		l.loop.ReportError(req.Err)
 		if l.cfg.FailurePolicy == FailClosed {
-			return l.failClosed(), nil
+			return l.failClosed(t), nil
 		}
 		var res Result
 		var err error
 		if peek {
-			res = l.result(l.table.Peek(key, n, now))
+			res = t.result(t.table.Peek(key, n, now))
 		} else {
-			res, err = l.decideLocal(key, n, now)
+			res, err = l.decideLocal(t, key, n, now)
 		}
 		res.Degraded = true
 		return res, err
@@ -97,16 +96,19 @@ func (s *synchronous) decide(ctx context.Context, key string, n int64, peek bool
 	// Describe the decision at the store's instant, in its microseconds,
 	// so that a request retried at RetryAfter is admitted.
 	at := us * int64(time.Microsecond)
-	counts := req.Counts[:len(s.rules)]
-	l.table.Observe(key, at, counts, req.Allowed, !peek)
-	if !peek && l.table.Len() >= l.cfg.MaxKeys {
+	counts := req.Counts[:len(t.rules)]
+	t.table.Observe(key, at, counts, req.Allowed, !peek)
+	if !peek && !req.Allowed && l.bans != nil {
+		l.noteDenied(key, at)
+	}
+	if !peek && t.table.Len() >= l.cfg.MaxKeys {
 		l.overflow.Add(1) // Observe could not track the key (or just filled the table)
 	}
 	cost := n
 	if peek && req.Allowed {
 		cost = 0 // Remaining before the request
 	}
-	return l.result(local.Summarize(l.rules, counts, cost, req.Allowed, int64(time.Microsecond))), nil
+	return t.result(local.Summarize(t.rules, counts, cost, req.Allowed, int64(time.Microsecond))), nil
 }
 
 // do has c.req decided by the store, alone or with others.

@@ -170,33 +170,34 @@ func logBuckets(w, syncRate time.Duration) int {
 	return 1
 }
 
-// validate checks rule i of a Config.
-func (r Rule) validate(i int) error {
+// validate checks a rule of a Config; field names it in errors
+// ("Config.Rules[1]").
+func (r Rule) validate(field string) error {
 	max := int64(MaxLimit)
 	if r.Type == Log {
 		max = MaxLogLimit
 	}
 	switch {
 	case r.Type > LeakyBucket:
-		return fmt.Errorf("hybridlimit: Config.Rules[%d].Type is %v, want Sliding, Fixed, Bucketed, Log, TokenBucket or LeakyBucket", i, r.Type)
+		return fmt.Errorf("hybridlimit: %s.Type is %v, want Sliding, Fixed, Bucketed, Log, TokenBucket or LeakyBucket", field, r.Type)
 	case r.Limit < 1 || r.Limit > max:
-		return fmt.Errorf("hybridlimit: Config.Rules[%d].Limit is %d, want 1 to %d for a %v rule", i, r.Limit, max, r.Type)
+		return fmt.Errorf("hybridlimit: %s.Limit is %d, want 1 to %d for a %v rule", field, r.Limit, max, r.Type)
 	case r.Window < time.Millisecond || r.Window > MaxWindow:
-		return fmt.Errorf("hybridlimit: Config.Rules[%d].Window is %v, want 1ms to %v", i, r.Window, MaxWindow)
+		return fmt.Errorf("hybridlimit: %s.Window is %v, want 1ms to %v", field, r.Window, MaxWindow)
 	case r.Window%time.Millisecond != 0:
-		return fmt.Errorf("hybridlimit: Config.Rules[%d].Window is %v, want a whole number of milliseconds", i, r.Window)
+		return fmt.Errorf("hybridlimit: %s.Window is %v, want a whole number of milliseconds", field, r.Window)
 	case r.Type == Bucketed && (r.Buckets < 2 || r.Buckets > MaxBuckets):
-		return fmt.Errorf("hybridlimit: Config.Rules[%d].Buckets is %d, want 2 to %d for a Bucketed rule", i, r.Buckets, MaxBuckets)
+		return fmt.Errorf("hybridlimit: %s.Buckets is %d, want 2 to %d for a Bucketed rule", field, r.Buckets, MaxBuckets)
 	case r.Type == Bucketed && r.Window.Milliseconds()%int64(r.Buckets) != 0:
-		return fmt.Errorf("hybridlimit: Config.Rules[%d].Buckets is %d, which does not divide Window %v into whole milliseconds", i, r.Buckets, r.Window)
+		return fmt.Errorf("hybridlimit: %s.Buckets is %d, which does not divide Window %v into whole milliseconds", field, r.Buckets, r.Window)
 	case r.Type != Bucketed && r.Buckets != 0:
-		return fmt.Errorf("hybridlimit: Config.Rules[%d].Buckets is %d, but only a Bucketed rule has buckets; leave it zero", i, r.Buckets)
+		return fmt.Errorf("hybridlimit: %s.Buckets is %d, but only a Bucketed rule has buckets; leave it zero", field, r.Buckets)
 	case (r.Type == TokenBucket || r.Type == LeakyBucket) && (r.Burst < 0 || r.Burst > MaxLimit):
-		return fmt.Errorf("hybridlimit: Config.Rules[%d].Burst is %d, want 1 to %d (0: Limit)", i, r.Burst, int64(MaxLimit))
+		return fmt.Errorf("hybridlimit: %s.Burst is %d, want 1 to %d (0: Limit)", field, r.Burst, int64(MaxLimit))
 	case (r.Type == TokenBucket || r.Type == LeakyBucket) && r.Window/time.Duration(r.Limit) < time.Microsecond:
-		return fmt.Errorf("hybridlimit: Config.Rules[%d] is %d per %v, faster than one per microsecond, the most a %v admits", i, r.Limit, r.Window, r.Type)
+		return fmt.Errorf("hybridlimit: %s is %d per %v, faster than one per microsecond, the most a %v admits", field, r.Limit, r.Window, r.Type)
 	case r.Type != TokenBucket && r.Type != LeakyBucket && r.Burst != 0:
-		return fmt.Errorf("hybridlimit: Config.Rules[%d].Burst is %d, but only TokenBucket and LeakyBucket rules have a burst; leave it zero", i, r.Burst)
+		return fmt.Errorf("hybridlimit: %s.Burst is %d, but only TokenBucket and LeakyBucket rules have a burst; leave it zero", field, r.Burst)
 	}
 	return nil
 }

@@ -26,6 +26,8 @@ type Memory struct {
 	logs    map[string]*memLog
 	markers map[string]uint64
 	sweep   int // size at which expired counters are swept next
+	pol     map[string]map[string]string // per prefix: policies (see PolicyStore)
+	polVer  map[string]uint64
 
 	calls atomic.Uint64
 	ops   atomic.Uint64

@@ -29,7 +29,8 @@ import (
 
 // Config configures a Loop.
 type Config struct {
-	Table  *local.Table
+	// Tables are the tables the loop syncs (one per tier of rules).
+	Tables []*local.Table
 	Store  store.Store
 	Prefix string // the store namespace of the counters
 	Node   string // this node's identity in the store's markers
@@ -62,7 +63,7 @@ const (
 	maxBackoff = 5 * time.Second
 )
 
-// Loop runs sync cycles for one table. Its methods are safe for
+// Loop runs sync cycles for a set of tables. Its methods are safe for
 // concurrent use; cycles run one at a time. Create one with New.
 type Loop struct {
 	cfg Config
@@ -71,7 +72,8 @@ type Loop struct {
 	flushing bool
 	seq      uint64
 	doubt    []*batch // batches in doubt, in the order they were first sent
-	entries  []*local.Entry
+	entries  []owned
+	scratch  []*local.Entry
 	free     []*batch
 
 	stats   counters
@@ -98,9 +100,39 @@ type batch struct {
 }
 
 type span struct {
-	e        *local.Entry
+	owned
 	from, to int
 	again    bool
+}
+
+// owned is an entry and its table.
+type owned struct {
+	t *local.Table
+	e *local.Entry
+}
+
+// touched returns in dst's storage every table's touched entries.
+func (l *Loop) touched(dst []owned) []owned {
+	dst = dst[:0]
+	for _, t := range l.cfg.Tables {
+		l.scratch = t.Touched(l.scratch)
+		for _, e := range l.scratch {
+			dst = append(dst, owned{t, e})
+		}
+		clear(l.scratch)
+	}
+	return dst
+}
+
+// all returns every entry of every table.
+func (l *Loop) all() []owned {
+	var dst []owned
+	for _, t := range l.cfg.Tables {
+		for _, e := range t.Entries(nil) {
+			dst = append(dst, owned{t, e})
+		}
+	}
+	return dst
 }
 
 // New returns a loop for cfg.
@@ -172,7 +204,7 @@ func (l *Loop) Cycle(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	start := l.cfg.Clock.Now()
-	l.entries = l.cfg.Table.Touched(l.entries)
+	l.entries = l.touched(l.entries)
 	if len(l.entries) == 0 && len(l.doubt) == 0 {
 		if l.failing.Load() {
 			// Nothing to send, but the store was failing: probe it, so
@@ -203,7 +235,7 @@ func (l *Loop) Cycle(ctx context.Context) error {
 }
 
 // sendAll sends entries in chunks, the batches in doubt first.
-func (l *Loop) sendAll(ctx context.Context, entries []*local.Entry, final bool) result {
+func (l *Loop) sendAll(ctx context.Context, entries []owned, final bool) result {
 	var res result
 	for from := 0; from < len(entries) || (from == 0 && len(l.doubt) > 0); from += chunk {
 		res.add(l.send(ctx, entries[min(from, len(entries)):min(from+chunk, len(entries))], final))
@@ -246,7 +278,7 @@ func (r *result) err() error {
 // send takes the pending increments of entries (sealing them when final),
 // pushes them after the batches in doubt, and hands the outcome back to
 // the table.
-func (l *Loop) send(ctx context.Context, entries []*local.Entry, final bool) result {
+func (l *Loop) send(ctx context.Context, entries []owned, final bool) result {
 	now := l.cfg.Now()
 	batches := append([]*batch(nil), l.doubt...)
 	l.doubt = l.doubt[:0]
@@ -259,10 +291,11 @@ func (l *Loop) send(ctx context.Context, entries []*local.Entry, final bool) res
 		held[b.sb.Group] = true
 	}
 	open := map[int]*batch{}
-	for _, e := range entries {
+	for _, o := range entries {
+		t, e := o.t, o.e
 		g := l.cfg.Store.Group(e.Key())
 		if held[g] {
-			l.cfg.Table.Requeue(e) // its increments wait, counted, for the next cycle
+			t.Requeue(e) // its increments wait, counted, for the next cycle
 			continue
 		}
 		b := open[g]
@@ -271,14 +304,14 @@ func (l *Loop) send(ctx context.Context, entries []*local.Entry, final bool) res
 			open[g] = b
 			batches = append(batches, b)
 		}
-		s := span{e: e, from: len(b.pushes)}
+		s := span{owned: o, from: len(b.pushes)}
 		if final {
-			b.pushes = l.cfg.Table.TakeFinal(e, now, b.pushes)
+			b.pushes = t.TakeFinal(e, now, b.pushes)
 		} else {
-			b.pushes, s.again = l.cfg.Table.Take(e, now, b.pushes)
+			b.pushes, s.again = t.Take(e, now, b.pushes)
 		}
 		s.to = len(b.pushes)
-		rules := l.cfg.Table.Rules()
+		rules := t.Rules()
 		for _, p := range b.pushes[s.from:s.to] {
 			b.sb.Ops = append(b.sb.Ops, store.Op{Counter: store.CounterOf(&rules[p.Rule], e.Key(), p.Win), Delta: p.Delta})
 		}
@@ -356,9 +389,9 @@ func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
 			res.applied++
 			l.stats.ops.Add(uint64(len(b.sb.Ops)))
 			for _, s := range b.spans {
-				l.cfg.Table.Settle(s.e, now, b.pushes[s.from:s.to], b.sb.Totals[s.from:s.to])
+				s.t.Settle(s.e, now, b.pushes[s.from:s.to], b.sb.Totals[s.from:s.to])
 				if !l.flushing && (s.again || now-s.e.LastSeen() < int64(l.cfg.Recent)) {
-					l.cfg.Table.Requeue(s.e)
+					s.t.Requeue(s.e)
 				}
 			}
 			if b.sb.Err != nil && res.first == nil {
@@ -383,8 +416,8 @@ func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
 				continue
 			}
 			for _, s := range b.spans {
-				l.cfg.Table.Release(s.e, b.pushes[s.from:s.to])
-				l.cfg.Table.Requeue(s.e)
+				s.t.Release(s.e, b.pushes[s.from:s.to])
+				s.t.Requeue(s.e)
 			}
 			l.recycle(b)
 		}
@@ -501,23 +534,29 @@ func (l *Loop) Run(stop <-chan struct{}) {
 	}
 }
 
-// Flush is Close's final push: it closes the table, takes every entry's
+// Flush is Close's final push: it closes the tables, takes every entry's
 // pending increments, sealing the entry, and pushes them, with the
 // batches still in doubt, again and again until every batch is applied or
 // ctx ends. It returns nil when every increment reached the store, and
 // otherwise an error counting those that did not (or whose fate is
 // unknown).
 func (l *Loop) Flush(ctx context.Context) error {
-	defer l.cfg.Table.FlushDone()
+	defer func() {
+		for _, t := range l.cfg.Tables {
+			t.FlushDone()
+		}
+	}()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.flushing = true
-	l.cfg.Table.Close()
-	l.sendAll(ctx, l.cfg.Table.Entries(nil), true)
+	for _, t := range l.cfg.Tables {
+		t.Close()
+	}
+	l.sendAll(ctx, l.all(), true)
 	wait := 10 * time.Millisecond
 	for {
 		// What failed went back to its entries, which are queued again.
-		l.entries = l.cfg.Table.Touched(l.entries)
+		l.entries = l.touched(l.entries)
 		if len(l.entries) == 0 && len(l.doubt) == 0 {
 			return nil
 		}
@@ -541,8 +580,8 @@ func (l *Loop) Flush(ctx context.Context) error {
 // increments twice.
 func (l *Loop) unflushed(cause error) error {
 	var n, keys int64
-	for _, e := range l.cfg.Table.Entries(nil) {
-		if u := l.cfg.Table.Unsynced(e); u > 0 {
+	for _, o := range l.all() {
+		if u := o.t.Unsynced(o.e); u > 0 {
 			n += u
 			keys++
 		}

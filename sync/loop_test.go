@@ -90,7 +90,7 @@ func newFixture(t *testing.T) *fixture {
 	f.st = &faulty{Memory: store.NewMemory(f.mock)}
 	f.table = local.NewTable(local.Options{Rules: []local.Rule{local.NewRule(local.Spec{Kind: local.Sliding, Limit: 1_000_000, Window: time.Minute})}, MaxKeys: 1 << 20, Syncing: true})
 	f.loop = syncloop.New(syncloop.Config{
-		Table: f.table, Store: f.st, Prefix: "hl", Node: "n1",
+		Tables: []*local.Table{f.table}, Store: f.st, Prefix: "hl", Node: "n1",
 		Now:   func() int64 { return f.mock.Now().UnixNano() },
 		Clock: f.mock, Rate: 100 * time.Millisecond, Recent: 0, Timeout: time.Second,
 		OnError:  func(error) { f.errs.Add(1) },

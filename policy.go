@@ -1,0 +1,466 @@
+package hybridlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v3"
+
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// Overrides and blocks: per-key policies set at runtime, kept in the store
+// (a store.PolicyStore) so that every node applies them, and cached on each
+// node. A node reloads its cache when the store's policy version changes,
+// which it checks every SyncRate in ModeAsync and every DefaultSyncRate in
+// ModeSynchronous (and in Sync), and at once after its own changes. In
+// ModeLocal they live in the limiter's memory.
+
+// ErrNoPolicies is returned by the policy methods when the Config's store
+// does not keep policies (it does not implement store.PolicyStore).
+var ErrNoPolicies = errors.New("hybridlimit: the store does not keep overrides and blocks (store.PolicyStore)")
+
+// Override puts a key in a tier other than its own until Until.
+type Override struct {
+	Key  string
+	Tier string
+	// Until is when the override ends; the zero Time: never.
+	Until time.Time
+}
+
+// Block denies every request of a key until Until.
+type Block struct {
+	Key    string
+	Reason string
+	// Until is when the block ends; the zero Time: never.
+	Until time.Time
+	// Strikes is how many blocks in a row the BanPolicy gave the key, this
+	// one included; 0 for a block set with Limiter.Block.
+	Strikes int
+}
+
+// BanPolicy blocks a key that keeps being denied, in the manner of
+// fail2ban: when one node has denied a key Denials times within Within,
+// the key is blocked on every node for For; a key blocked again within
+// Forget of its last block's end is blocked twice as long as the last
+// time, up to Max. Blocks are kept in the store, so they hold on every
+// node (within one sync period) and survive restarts; in ModeLocal they
+// live in memory. A blocked key's requests are denied before any rule
+// counts them, with Result.Blocked set. The zero value bans nothing.
+type BanPolicy struct {
+	// Denials is how many denials within Within trigger a block: 1 to
+	// 1,000,000, or 0 to ban nothing.
+	Denials int
+	// Within is the period Denials are counted over: 1ms to 24h, default
+	// 1 minute.
+	Within time.Duration
+	// For is the first block's length, Max the longest: 1s ≤ For ≤ Max ≤
+	// 366 days; defaults 1 minute and 24 hours.
+	For, Max time.Duration
+	// Forget is how long after a block ends a new one still doubles it:
+	// 0 to 366 days, default 24 hours.
+	Forget time.Duration
+	// Reason is the blocks' reason, default "too many denied requests".
+	Reason string
+}
+
+// validate checks b and fills in its defaults.
+func (b *BanPolicy) validate() error {
+	if b.Denials == 0 {
+		if *b != (BanPolicy{}) {
+			return errors.New("hybridlimit: Config.Ban has fields set but Denials is 0; set Denials to ban keys")
+		}
+		return nil
+	}
+	if b.Denials < 1 || b.Denials > 1_000_000 {
+		return fmt.Errorf("hybridlimit: Config.Ban.Denials is %d, want 1 to 1000000 (0: no bans)", b.Denials)
+	}
+	if b.Within == 0 {
+		b.Within = time.Minute
+	}
+	if b.For == 0 {
+		b.For = time.Minute
+	}
+	if b.Max == 0 {
+		b.Max = max(24*time.Hour, b.For)
+	}
+	if b.Forget == 0 {
+		b.Forget = 24 * time.Hour
+	}
+	if b.Reason == "" {
+		b.Reason = "too many denied requests"
+	}
+	switch {
+	case b.Within < time.Millisecond || b.Within > 24*time.Hour:
+		return fmt.Errorf("hybridlimit: Config.Ban.Within is %v, want 1ms to 24h", b.Within)
+	case b.For < time.Second || b.Max < b.For || b.Max > MaxWindow:
+		return fmt.Errorf("hybridlimit: Config.Ban.For is %v and Max %v, want 1s ≤ For ≤ Max ≤ %v", b.For, b.Max, MaxWindow)
+	case b.Forget < 0 || b.Forget > MaxWindow:
+		return fmt.Errorf("hybridlimit: Config.Ban.Forget is %v, want 0 to %v", b.Forget, MaxWindow)
+	}
+	return nil
+}
+
+// policies is a node's cache of the store's policies.
+type policies struct {
+	st     store.PolicyStore // nil: the store keeps none
+	prefix string
+	active atomic.Bool // some policy is cached: decisions look keys up
+	snap   atomic.Pointer[policySnap]
+
+	mu      sync.Mutex // one reload at a time; guards version
+	version uint64
+	loaded  bool
+}
+
+// policySnap is one immutable reading of the store's policies.
+type policySnap struct {
+	over   map[string]store.Policy
+	blocks map[string]store.Policy
+}
+
+// override returns key's override tier in force at now (ns).
+func (p *policies) override(key string, now int64) (string, bool) {
+	s := p.snap.Load()
+	if s == nil {
+		return "", false
+	}
+	o, ok := s.over[key]
+	if !ok || !o.InForce(now/int64(time.Millisecond)) {
+		return "", false
+	}
+	return o.Value, true
+}
+
+// block returns key's block in force at now (ns).
+func (p *policies) block(key string, now int64) (store.Policy, bool) {
+	s := p.snap.Load()
+	if s == nil {
+		return store.Policy{}, false
+	}
+	b, ok := s.blocks[key]
+	if !ok || !b.InForce(now/int64(time.Millisecond)) {
+		return store.Policy{}, false
+	}
+	return b, true
+}
+
+// reload reads the store's policies if their version changed since the
+// last reading (or always, when force).
+func (p *policies) reload(ctx context.Context, force bool) error {
+	if p.st == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !force && p.loaded {
+		v, err := p.st.PolicyVersion(ctx, p.prefix)
+		if err != nil {
+			return err
+		}
+		if v == p.version {
+			return nil
+		}
+	}
+	v, ps, err := p.st.Policies(ctx, p.prefix)
+	if err != nil {
+		return err
+	}
+	s := &policySnap{over: map[string]store.Policy{}, blocks: map[string]store.Policy{}}
+	for _, x := range ps {
+		switch x.Kind {
+		case store.Override:
+			s.over[x.Key] = x
+		case store.Block:
+			s.blocks[x.Key] = x
+		}
+	}
+	p.snap.Store(s)
+	p.active.Store(len(ps) > 0)
+	p.version, p.loaded = v, true
+	return nil
+}
+
+// policyStore returns the store of policies, or ErrNoPolicies.
+func (l *Limiter) policyStore() (store.PolicyStore, error) {
+	if l.closed.Load() {
+		return nil, ErrClosed
+	}
+	if l.pol.st == nil {
+		return nil, ErrNoPolicies
+	}
+	return l.pol.st, nil
+}
+
+// until returns the Unix ms at which a policy of length d from now ends;
+// 0 (never) for d = 0.
+func (l *Limiter) until(d time.Duration) int64 {
+	if d == 0 {
+		return 0
+	}
+	return (l.clock.now() + int64(d)) / int64(time.Millisecond)
+}
+
+// checkPolicyKey checks the key of a policy method.
+func (l *Limiter) checkPolicyKey(op, key string) error {
+	switch {
+	case len(key) == 0:
+		return ErrEmptyKey
+	case len(key) > l.cfg.MaxKeyLen:
+		return &inputError{fmt.Sprintf("hybridlimit: %s: key of %d bytes exceeds Config.MaxKeyLen %d", op, len(key), l.cfg.MaxKeyLen), ErrKeyTooLong}
+	}
+	return nil
+}
+
+// SetOverride puts key in the named tier ("" for Rules) on every node, for
+// ttl (0: until RemoveOverride), replacing any override of key. Other
+// nodes apply it within one sync period (see Config.Tiers); this node at
+// once. The key starts its new tier with the counts its counters there
+// already hold in the store (those it shares with its old tier, see
+// docs/policies.md).
+func (l *Limiter) SetOverride(ctx context.Context, key, tier string, ttl time.Duration) error {
+	st, err := l.policyStore()
+	if err != nil {
+		return err
+	}
+	if err := l.checkPolicyKey("SetOverride", key); err != nil {
+		return err
+	}
+	if _, ok := l.byName[tier]; !ok {
+		return fmt.Errorf("hybridlimit: SetOverride: tier %q is not in Config.Tiers", tier)
+	}
+	if ttl < 0 || ttl > MaxWindow {
+		return fmt.Errorf("hybridlimit: SetOverride: ttl is %v, want 0 (no end) to %v", ttl, MaxWindow)
+	}
+	now := l.clock.now() / int64(time.Millisecond)
+	if err := st.PutPolicy(ctx, l.cfg.Prefix, store.Policy{Kind: store.Override, Key: key, Value: tier, Until: l.until(ttl)}, now); err != nil {
+		return err
+	}
+	return l.pol.reload(ctx, true)
+}
+
+// RemoveOverride removes key's override on every node, and reports whether
+// it had one.
+func (l *Limiter) RemoveOverride(ctx context.Context, key string) (bool, error) {
+	return l.deletePolicy(ctx, store.Override, key)
+}
+
+// Block denies every request of key on every node for d (0: until
+// Unblock), with reason, replacing any block of key. Other nodes apply it
+// within one sync period; this node at once. A blocked key's requests are
+// denied before any rule counts them: Result.Blocked is set and RetryAfter
+// is the time left.
+func (l *Limiter) Block(ctx context.Context, key string, d time.Duration, reason string) error {
+	st, err := l.policyStore()
+	if err != nil {
+		return err
+	}
+	if err := l.checkPolicyKey("Block", key); err != nil {
+		return err
+	}
+	if d < 0 || d > MaxWindow {
+		return fmt.Errorf("hybridlimit: Block: d is %v, want 0 (no end) to %v", d, MaxWindow)
+	}
+	now := l.clock.now() / int64(time.Millisecond)
+	if err := st.PutPolicy(ctx, l.cfg.Prefix, store.Policy{Kind: store.Block, Key: key, Value: reason, Until: l.until(d)}, now); err != nil {
+		return err
+	}
+	return l.pol.reload(ctx, true)
+}
+
+// Unblock lifts key's block on every node, and reports whether it had one.
+// The key's strikes (BanPolicy) are kept.
+func (l *Limiter) Unblock(ctx context.Context, key string) (bool, error) {
+	return l.deletePolicy(ctx, store.Block, key)
+}
+
+func (l *Limiter) deletePolicy(ctx context.Context, kind store.PolicyKind, key string) (bool, error) {
+	st, err := l.policyStore()
+	if err != nil {
+		return false, err
+	}
+	ok, err := st.DeletePolicy(ctx, l.cfg.Prefix, kind, key)
+	if err != nil {
+		return false, err
+	}
+	return ok, l.pol.reload(ctx, true)
+}
+
+// Overrides returns the overrides in force, by key, as the store holds
+// them now.
+func (l *Limiter) Overrides(ctx context.Context) ([]Override, error) {
+	ps, err := l.inForce(ctx, store.Override)
+	out := make([]Override, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, Override{Key: p.Key, Tier: p.Value, Until: unixMs(p.Until)})
+	}
+	return out, err
+}
+
+// Blocks returns the blocks in force, by key, as the store holds them now.
+func (l *Limiter) Blocks(ctx context.Context) ([]Block, error) {
+	ps, err := l.inForce(ctx, store.Block)
+	out := make([]Block, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, Block{Key: p.Key, Reason: p.Value, Until: unixMs(p.Until), Strikes: p.Strikes})
+	}
+	return out, err
+}
+
+func (l *Limiter) inForce(ctx context.Context, kind store.PolicyKind) ([]store.Policy, error) {
+	st, err := l.policyStore()
+	if err != nil {
+		return nil, err
+	}
+	_, ps, err := st.Policies(ctx, l.cfg.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	now := l.clock.now() / int64(time.Millisecond)
+	var out []store.Policy
+	for _, p := range ps {
+		if p.Kind == kind && p.InForce(now) {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+func unixMs(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// blocked returns the Result of a request of key, blocked at now, on t.
+func (t *tier) blocked(b store.Policy, now int64) Result {
+	res := t.fresh()
+	res.Allowed, res.Blocked, res.Remaining = false, true, 0
+	if b.Until != 0 {
+		res.RetryAfter = max(time.Duration(b.Until*int64(time.Millisecond)-now), time.Millisecond)
+	} else {
+		res.RetryAfter = MaxWindow
+	}
+	res.ResetAfter = res.RetryAfter
+	return res
+}
+
+// bans counts each key's denials on this node and blocks, through the
+// policy store, the keys that reach BanPolicy.Denials.
+type bans struct {
+	p       BanPolicy
+	counts  *xsync.MapOf[string, *banCount]
+	pending *xsync.MapOf[string, struct{}] // keys being blocked
+
+	mu     sync.Mutex // guards closed and wg.Add
+	closed bool
+	wg     sync.WaitGroup
+}
+
+func newBans(p BanPolicy) *bans {
+	return &bans{p: p, counts: xsync.NewMapOf[string, *banCount](), pending: xsync.NewMapOf[string, struct{}]()}
+}
+
+// close waits for the blocks under way and refuses new ones.
+func (b *bans) close() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.wg.Wait()
+}
+
+// banCount is a key's denials since start (ns).
+type banCount struct {
+	mu    sync.Mutex
+	start int64
+	n     int
+}
+
+// maxBanKeys bounds the keys whose denials a node counts at once.
+const maxBanKeys = 1 << 16
+
+// denied counts a denial of key at now and reports whether it is the one
+// that reaches the policy's threshold.
+func (b *bans) denied(key string, now int64) bool {
+	c, ok := b.counts.Load(key)
+	if !ok {
+		if b.counts.Size() >= maxBanKeys {
+			b.sweep(now)
+			if b.counts.Size() >= maxBanKeys {
+				return false // too many offenders at once: count again once the oldest expire
+			}
+		}
+		c, _ = b.counts.LoadOrCompute(key, func() *banCount { return &banCount{start: now} })
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now-c.start >= int64(b.p.Within) {
+		c.start, c.n = now, 0
+	}
+	c.n++
+	if c.n < b.p.Denials {
+		return false
+	}
+	c.start, c.n = now, 0
+	return true
+}
+
+// sweep forgets the counts older than Within.
+func (b *bans) sweep(now int64) {
+	b.counts.Range(func(k string, c *banCount) bool {
+		c.mu.Lock()
+		old := now-c.start >= int64(b.p.Within)
+		c.mu.Unlock()
+		if old {
+			b.counts.Delete(k)
+		}
+		return true
+	})
+}
+
+// noteDenied feeds a denial of key to the ban policy, and blocks the key
+// through the policy store when it reaches the threshold: at once in
+// ModeLocal, in the background otherwise.
+func (l *Limiter) noteDenied(key string, now int64) {
+	b := l.bans
+	if b == nil || !b.denied(key, now) {
+		return
+	}
+	if _, busy := b.pending.LoadOrStore(key, struct{}{}); busy {
+		return
+	}
+	block := func() {
+		defer b.pending.Delete(key)
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
+		defer cancel()
+		_, err := l.pol.st.Escalate(ctx, l.cfg.Prefix, key, b.p.Reason, now/int64(time.Millisecond), b.p.For, b.p.Max, b.p.Forget)
+		if err == nil {
+			err = l.pol.reload(ctx, true)
+		}
+		if err != nil && l.loop != nil {
+			l.loop.ReportError(err)
+		}
+	}
+	if l.cfg.Mode == ModeLocal {
+		block()
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		b.pending.Delete(key)
+		return
+	}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		block()
+	}()
+}

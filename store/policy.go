@@ -1,0 +1,224 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// PolicyKind is what a Policy does to its key.
+type PolicyKind byte
+
+const (
+	// Override puts the key in the tier named by the policy's Value.
+	Override PolicyKind = 'o'
+	// Block denies every request of the key; Value is the reason.
+	Block PolicyKind = 'b'
+)
+
+// String returns "override" or "block".
+func (k PolicyKind) String() string {
+	switch k {
+	case Override:
+		return "override"
+	case Block:
+		return "block"
+	}
+	return fmt.Sprintf("PolicyKind(%d)", byte(k))
+}
+
+// Policy is an override or a block of one user key, shared by every node
+// of a cluster through the store.
+type Policy struct {
+	Kind  PolicyKind
+	Key   string
+	Value string // Override: the tier; Block: the reason
+	// Until is when the policy ends, in Unix milliseconds; 0: never.
+	Until int64
+	// Strikes is, for a block, the key's blocks in a row by Escalate
+	// (this one included); 0 for a block set by hand.
+	Strikes int
+}
+
+// InForce reports whether p holds at now (Unix ms).
+func (p *Policy) InForce(now int64) bool { return p.Until == 0 || p.Until > now }
+
+// PolicyStore is implemented by stores that keep a cluster's policies:
+// per-key overrides and blocks, each node caching them and reloading them
+// when their version changes. Memory and Redis implement it. Policies
+// live under a prefix, as counters do.
+type PolicyStore interface {
+	// PutPolicy sets p, replacing the policy of the same kind and key,
+	// and removes the policies that ended before now (Unix ms).
+	PutPolicy(ctx context.Context, prefix string, p Policy, now int64) error
+	// DeletePolicy removes the policy of kind for key, if any, and
+	// reports whether there was one.
+	DeletePolicy(ctx context.Context, prefix string, kind PolicyKind, key string) (bool, error)
+	// Escalate blocks key from now (Unix ms) for base doubled by every
+	// block Escalate gave it before (its strikes, forgotten once forget
+	// has passed since the last block ended), at most max, with reason.
+	// If a block of key is in force at now, it is returned unchanged. It
+	// returns the block in force.
+	Escalate(ctx context.Context, prefix, key, reason string, now int64, base, max, forget time.Duration) (Policy, error)
+	// PolicyVersion returns the version of prefix's policies; every
+	// change makes it larger.
+	PolicyVersion(ctx context.Context, prefix string) (uint64, error)
+	// Policies returns prefix's policies (some may have ended) and the
+	// version they are at.
+	Policies(ctx context.Context, prefix string) (uint64, []Policy, error)
+}
+
+// escalation returns a block's length for its strike n (1-based): base
+// doubled n−1 times, at most max.
+func escalation(base, max time.Duration, n int) time.Duration {
+	d := base
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	return min(d, max)
+}
+
+// Policies are kept as hash fields "<kind>:<key>" (and "s:<key>", a key's
+// strikes) whose values are "<until>|<strikes>|<value>".
+
+func policyField(kind PolicyKind, key string) string { return string(kind) + ":" + key }
+
+func policyValue(p *Policy) string {
+	return strconv.FormatInt(p.Until, 10) + "|" + strconv.Itoa(p.Strikes) + "|" + p.Value
+}
+
+// parsePolicy reads a hash field and its value; ok is false for strikes
+// records and malformed entries.
+func parsePolicy(field, value string) (Policy, bool) {
+	kind, key, ok := strings.Cut(field, ":")
+	if !ok || len(kind) != 1 || (kind[0] != byte(Override) && kind[0] != byte(Block)) {
+		return Policy{}, false
+	}
+	until, rest, ok1 := strings.Cut(value, "|")
+	strikes, v, ok2 := strings.Cut(rest, "|")
+	u, err1 := strconv.ParseInt(until, 10, 64)
+	n, err2 := strconv.Atoi(strikes)
+	if !ok1 || !ok2 || err1 != nil || err2 != nil {
+		return Policy{}, false
+	}
+	return Policy{Kind: PolicyKind(kind[0]), Key: key, Value: v, Until: u, Strikes: n}, true
+}
+
+// PutPolicy implements PolicyStore.
+func (s *Memory) PutPolicy(ctx context.Context, prefix string, p Policy, now int64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.policyHash(prefix)
+	h[policyField(p.Kind, p.Key)] = policyValue(&p)
+	prunePolicies(h, now)
+	s.polVer[prefix]++
+	return nil
+}
+
+// DeletePolicy implements PolicyStore.
+func (s *Memory) DeletePolicy(ctx context.Context, prefix string, kind PolicyKind, key string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.policyHash(prefix)
+	f := policyField(kind, key)
+	_, ok := h[f]
+	if ok {
+		delete(h, f)
+		s.polVer[prefix]++
+	}
+	return ok, nil
+}
+
+// Escalate implements PolicyStore.
+func (s *Memory) Escalate(ctx context.Context, prefix, key, reason string, now int64, base, max, forget time.Duration) (Policy, error) {
+	if err := ctx.Err(); err != nil {
+		return Policy{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.policyHash(prefix)
+	if b, ok := parsePolicy(policyField(Block, key), h[policyField(Block, key)]); ok && b.InForce(now) {
+		return b, nil
+	}
+	strikes := 0
+	if st, ok := h["s:"+key]; ok {
+		if until, n, ok := parseStrikes(st); ok && until > now {
+			strikes = n
+		}
+	}
+	p := Policy{Kind: Block, Key: key, Value: reason, Strikes: strikes + 1}
+	p.Until = now + escalation(base, max, p.Strikes).Milliseconds()
+	h[policyField(Block, key)] = policyValue(&p)
+	h["s:"+key] = strconv.FormatInt(p.Until+forget.Milliseconds(), 10) + "|" + strconv.Itoa(p.Strikes) + "|"
+	prunePolicies(h, now)
+	s.polVer[prefix]++
+	return p, nil
+}
+
+// PolicyVersion implements PolicyStore.
+func (s *Memory) PolicyVersion(ctx context.Context, prefix string) (uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.polVer[prefix], nil
+}
+
+// Policies implements PolicyStore.
+func (s *Memory) Policies(ctx context.Context, prefix string) (uint64, []Policy, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ps []Policy
+	for f, v := range s.policyHash(prefix) {
+		if p, ok := parsePolicy(f, v); ok {
+			ps = append(ps, p)
+		}
+	}
+	return s.polVer[prefix], ps, nil
+}
+
+// policyHash returns prefix's policies. Call with s.mu held.
+func (s *Memory) policyHash(prefix string) map[string]string {
+	if s.pol == nil {
+		s.pol, s.polVer = map[string]map[string]string{}, map[string]uint64{}
+	}
+	h := s.pol[prefix]
+	if h == nil {
+		h = map[string]string{}
+		s.pol[prefix] = h
+	}
+	return h
+}
+
+// prunePolicies removes from h the policies and strikes records that ended
+// before now.
+func prunePolicies(h map[string]string, now int64) {
+	for f, v := range h {
+		until, _, _ := strings.Cut(v, "|")
+		if u, err := strconv.ParseInt(until, 10, 64); err == nil && u != 0 && u <= now {
+			delete(h, f)
+		}
+	}
+}
+
+// parseStrikes reads a strikes record: until when it is remembered, and
+// the strikes.
+func parseStrikes(v string) (int64, int, bool) {
+	until, rest, ok := strings.Cut(v, "|")
+	n, _, ok2 := strings.Cut(rest, "|")
+	u, err1 := strconv.ParseInt(until, 10, 64)
+	k, err2 := strconv.Atoi(n)
+	return u, k, ok && ok2 && err1 == nil && err2 == nil
+}

@@ -1,0 +1,158 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A prefix's policies are one hash and a version counter, both in the hash
+// slot of the prefix (so that one script changes both, also in a Redis
+// Cluster): "<prefix>:pol:{<prefix>}" and "<prefix>:polv:{<prefix>}".
+
+func policyKeys(prefix string) []string {
+	return []string{prefix + ":pol:{" + prefix + "}", prefix + ":polv:{" + prefix + "}"}
+}
+
+// prunePolicyLua removes the fields of KEYS[1] that ended before now.
+const prunePolicyLua = `
+local function prune(now)
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    local u = tonumber(string.match(all[i + 1], '^(%d+)|'))
+    if u and u ~= 0 and u <= now then redis.call('HDEL', KEYS[1], all[i]) end
+  end
+end
+`
+
+// putPolicyScript: ARGV field, value, now (ms). Returns the new version.
+var putPolicyScript = redis.NewScript(prunePolicyLua + `
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+prune(tonumber(ARGV[3]))
+return redis.call('INCR', KEYS[2])
+`)
+
+// deletePolicyScript: ARGV field. Returns 1 if it was there.
+var deletePolicyScript = redis.NewScript(`
+local n = redis.call('HDEL', KEYS[1], ARGV[1])
+if n > 0 then redis.call('INCR', KEYS[2]) end
+return n
+`)
+
+// escalateScript: ARGV key, reason, now, base, max, forget (ms). Returns
+// the block in force: until, strikes, reason.
+var escalateScript = redis.NewScript(prunePolicyLua + `
+local now, base, max, forget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local cur = redis.call('HGET', KEYS[1], 'b:' .. ARGV[1])
+if cur then
+  local u, n, r = string.match(cur, '^(%d+)|(%d+)|(.*)$')
+  if u and (tonumber(u) == 0 or tonumber(u) > now) then return {tonumber(u), tonumber(n), r} end
+end
+local strikes = 0
+local s = redis.call('HGET', KEYS[1], 's:' .. ARGV[1])
+if s then
+  local u, n = string.match(s, '^(%d+)|(%d+)|')
+  if u and tonumber(u) > now then strikes = tonumber(n) end
+end
+strikes = strikes + 1
+local d = base
+for _ = 2, strikes do
+  if d >= max then break end
+  d = d * 2
+end
+if d > max then d = max end
+local untl = now + d
+redis.call('HSET', KEYS[1], 'b:' .. ARGV[1], untl .. '|' .. strikes .. '|' .. ARGV[2])
+redis.call('HSET', KEYS[1], 's:' .. ARGV[1], (untl + forget) .. '|' .. strikes .. '|')
+prune(now)
+redis.call('INCR', KEYS[2])
+return {untl, strikes, ARGV[2]}
+`)
+
+// policiesScript returns the version, then the hash's fields and values.
+var policiesScript = redis.NewScript(`
+local v = tonumber(redis.call('GET', KEYS[2]) or '0')
+local out = {v}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all do out[#out + 1] = all[i] end
+return out
+`)
+
+// PutPolicy implements PolicyStore.
+func (s *Redis) PutPolicy(ctx context.Context, prefix string, p Policy, now int64) error {
+	s.calls.Add(1)
+	err := putPolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(p.Kind, p.Key), policyValue(&p), now).Err()
+	if err != nil {
+		return fmt.Errorf("store: redis: put %v of key %q: %w", p.Kind, p.Key, err)
+	}
+	return nil
+}
+
+// DeletePolicy implements PolicyStore.
+func (s *Redis) DeletePolicy(ctx context.Context, prefix string, kind PolicyKind, key string) (bool, error) {
+	s.calls.Add(1)
+	n, err := deletePolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(kind, key)).Int64()
+	if err != nil {
+		return false, fmt.Errorf("store: redis: delete %v of key %q: %w", kind, key, err)
+	}
+	return n > 0, nil
+}
+
+// Escalate implements PolicyStore.
+func (s *Redis) Escalate(ctx context.Context, prefix, key, reason string, now int64, base, max, forget time.Duration) (Policy, error) {
+	s.calls.Add(1)
+	v, err := escalateScript.Run(ctx, s.c, policyKeys(prefix), key, reason, now,
+		base.Milliseconds(), max.Milliseconds(), forget.Milliseconds()).Slice()
+	if err == nil && len(v) != 3 {
+		err = fmt.Errorf("escalate replied %d values, want 3", len(v))
+	}
+	if err != nil {
+		return Policy{}, fmt.Errorf("store: redis: block key %q: %w", key, err)
+	}
+	until, _ := v[0].(int64)
+	n, _ := v[1].(int64)
+	r, _ := v[2].(string)
+	return Policy{Kind: Block, Key: key, Value: r, Until: until, Strikes: int(n)}, nil
+}
+
+// PolicyVersion implements PolicyStore.
+func (s *Redis) PolicyVersion(ctx context.Context, prefix string) (uint64, error) {
+	s.calls.Add(1)
+	v, err := s.c.Get(ctx, policyKeys(prefix)[1]).Result()
+	if err == redis.Nil {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("store: redis: policy version: %w", err)
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("store: redis: policy version %q: %w", v, err)
+	}
+	return n, nil
+}
+
+// Policies implements PolicyStore.
+func (s *Redis) Policies(ctx context.Context, prefix string) (uint64, []Policy, error) {
+	s.calls.Add(1)
+	v, err := policiesScript.Run(ctx, s.c, policyKeys(prefix)).Slice()
+	if err == nil && len(v)%2 != 1 {
+		err = fmt.Errorf("policies replied %d values", len(v))
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("store: redis: policies: %w", err)
+	}
+	ver, _ := v[0].(int64)
+	var ps []Policy
+	for i := 1; i+1 < len(v); i += 2 {
+		f, _ := v[i].(string)
+		val, _ := v[i+1].(string)
+		if p, ok := parsePolicy(f, val); ok {
+			ps = append(ps, p)
+		}
+	}
+	return uint64(ver), ps, nil
+}

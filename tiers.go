@@ -1,0 +1,145 @@
+package hybridlimit
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/local"
+)
+
+// tier is one set of rules and the table that counts its keys: Rules (the
+// default tier, named "") or one of Config.Tiers.
+type tier struct {
+	name    string
+	field   string       // where its rules are configured, for errors
+	cfg     []Rule       // as configured
+	rules   []local.Rule // as package local counts them
+	minCost int64        // the largest valid cost: the smallest limit or burst
+	minRule int
+	longest time.Duration
+	table   *local.Table
+}
+
+// newTier compiles rules for cfg's mode.
+func newTier(cfg *Config, name, field string, rules []Rule) *tier {
+	t := &tier{name: name, field: field, cfg: rules, minCost: math.MaxInt64}
+	for i, r := range rules {
+		spec := r.spec()
+		if r.Type == Log && cfg.Mode == ModeAsync {
+			// A log cannot be merged across nodes by increments: count in
+			// buckets of at least a sync period (docs/algorithms.md).
+			spec.Kind, spec.Buckets = local.Buckets, logBuckets(r.Window, cfg.SyncRate)
+		}
+		t.rules = append(t.rules, local.NewRule(spec))
+		t.longest = max(t.longest, r.Window)
+		if r.maxCost() < t.minCost {
+			t.minCost, t.minRule = r.maxCost(), i
+		}
+	}
+	return t
+}
+
+// costError reports a cost no rule of t can admit.
+func (t *tier) costError(op string, n int64) error {
+	if n < 1 {
+		return &inputError{fmt.Sprintf("hybridlimit: %s(n=%d): cost must be at least 1", op, n), ErrCost}
+	}
+	field := "Limit"
+	if ty := t.cfg[t.minRule].Type; ty == TokenBucket || ty == LeakyBucket {
+		field = "Burst"
+	}
+	return &inputError{fmt.Sprintf("hybridlimit: %s(n=%d) exceeds %s[%d].%s %d: it can never be admitted", op, n, t.field, t.minRule, field, t.minCost), ErrCost}
+}
+
+// result turns a decision on t into a Result.
+func (t *tier) result(d local.Decision) Result {
+	r := &t.cfg[d.Rule]
+	return Result{
+		Allowed:    d.Allowed,
+		Rule:       d.Rule,
+		Limit:      r.Limit,
+		Window:     r.Window,
+		Remaining:  d.Remaining,
+		RetryAfter: time.Duration(d.RetryAfter),
+		ResetAfter: time.Duration(d.ResetAfter),
+		Delay:      time.Duration(d.Delay),
+		Tier:       t.name,
+	}
+}
+
+// fresh returns the result for a key of t with no counts: the tightest
+// rule, untouched.
+func (t *tier) fresh() Result {
+	r := &t.cfg[t.minRule]
+	return Result{Allowed: true, Rule: t.minRule, Limit: r.Limit, Window: r.Window, Remaining: r.maxCost(), Tier: t.name}
+}
+
+// route checks key and n and returns the tier that decides key: the tier of
+// its override, if any, else the one Config.TierOf names, else the default.
+func (l *Limiter) route(key string, n int64, op string) (*tier, error) {
+	switch {
+	case l.closed.Load():
+		return nil, ErrClosed
+	case len(key) == 0:
+		return nil, ErrEmptyKey
+	case len(key) > l.cfg.MaxKeyLen:
+		return nil, &inputError{fmt.Sprintf("hybridlimit: key of %d bytes exceeds Config.MaxKeyLen %d", len(key), l.cfg.MaxKeyLen), ErrKeyTooLong}
+	}
+	t := l.def
+	if l.tiered {
+		var err error
+		if t, err = l.tierOf(key); err != nil {
+			return nil, err
+		}
+	}
+	if n < 1 || n > t.minCost {
+		return nil, t.costError(op, n)
+	}
+	return t, nil
+}
+
+// tierOf returns key's tier.
+func (l *Limiter) tierOf(key string) (*tier, error) {
+	if l.pol.active.Load() {
+		if name, ok := l.pol.override(key, l.clock.now()); ok {
+			if t := l.byName[name]; t != nil {
+				return t, nil
+			}
+			// An override naming a tier this node does not have (nodes
+			// configured apart): the key keeps its usual tier.
+		}
+	}
+	if l.cfg.TierOf == nil {
+		return l.def, nil
+	}
+	name := l.cfg.TierOf(key)
+	if name == "" {
+		return l.def, nil
+	}
+	t := l.byName[name]
+	if t == nil {
+		return nil, &inputError{fmt.Sprintf("hybridlimit: Config.TierOf returned %q for a key, which is not in Config.Tiers", name), ErrUnknownTier}
+	}
+	return t, nil
+}
+
+// Tiers returns the names of the configured tiers, "" (Rules) first, then
+// Config.Tiers' in order.
+func (l *Limiter) Tiers() []string {
+	names := make([]string, len(l.tiers))
+	for i, t := range l.tiers {
+		names[i] = t.name
+	}
+	return names
+}
+
+// TierRules returns a copy of the rules of the named tier ("" for Rules),
+// and false if there is no such tier.
+func (l *Limiter) TierRules(name string) ([]Rule, bool) {
+	t := l.byName[name]
+	if t == nil {
+		return nil, false
+	}
+	return append([]Rule(nil), t.cfg...), true
+}
