@@ -271,4 +271,3 @@ func (l *Limiter) failClosed(t *tier) Result {
 	res.RetryAfter = l.loop.Backoff()
 	return res
 }
-

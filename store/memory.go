@@ -25,7 +25,7 @@ type Memory struct {
 	m       map[string]memCounter
 	logs    map[string]*memLog
 	markers map[string]uint64
-	sweep   int // size at which expired counters are swept next
+	sweep   int                          // size at which expired counters are swept next
 	pol     map[string]map[string]string // per prefix: policies (see PolicyStore)
 	polVer  map[string]uint64
 
