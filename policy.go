@@ -336,7 +336,7 @@ func unixMs(ms int64) time.Time {
 	if ms == 0 {
 		return time.Time{}
 	}
-	return time.UnixMilli(ms)
+	return time.UnixMilli(ms).UTC()
 }
 
 // blocked returns the Result of a request of key, blocked at now, on t.
