@@ -2,11 +2,14 @@ package httplimit_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -126,4 +129,51 @@ shadow:
 		h3.ServeHTTP(w, r.WithContext(ctx))
 		return w.Code
 	}())
+}
+
+// Each tier's keys get their tier's policy in the headers; a blocked key
+// gets BlockedStatus, Retry-After and a body that says so.
+func TestTiersAndBlocks(t *testing.T) {
+	mc := clock.NewMock()
+	mc.Set(epoch)
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules: []hybridlimit.Rule{{Limit: 2, Window: time.Minute}},
+		Tiers: map[string][]hybridlimit.Rule{"paid": {{Limit: 100, Window: time.Minute}, {Limit: 1000, Window: time.Hour}}},
+		TierOf: func(key string) string {
+			if strings.HasPrefix(key, "paid-") {
+				return "paid"
+			}
+			return ""
+		},
+		Clock: mc, Manual: true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	h := mustNew(t, l, httplimit.Header("X-Key"), httplimit.Options{BlockedStatus: 403}).Wrap(ok)
+
+	w := do(h, "192.0.2.1:1", "X-Key", "free-1")
+	assert.Equal(t, `"1m";q=2;w=60`, w.Header().Get("RateLimit-Policy"))
+	assert.Equal(t, "2", w.Header().Get("RateLimit-Limit"))
+	w = do(h, "192.0.2.1:1", "X-Key", "paid-1")
+	assert.Equal(t, `"1m";q=100;w=60, "1h";q=1000;w=3600`, w.Header().Get("RateLimit-Policy"))
+	assert.Equal(t, `"1m";r=99;t=120, "1h";r=999;t=7200`, w.Header().Get("RateLimit"))
+	assert.Equal(t, "100", w.Header().Get("RateLimit-Limit"))
+
+	require.NoError(t, l.Block(context.Background(), "paid-1", 90*time.Second, "abuse"))
+	w = do(h, "192.0.2.1:1", "X-Key", "paid-1")
+	assert.Equal(t, 403, w.Code)
+	assert.Equal(t, "90", w.Header().Get("Retry-After"))
+	var p map[string]any
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &p))
+	assert.Equal(t, "Blocked", p["title"])
+	assert.Equal(t, 403.0, p["status"])
+	assert.Empty(t, p["violated-policies"])
+	assert.NotContains(t, w.Body.String(), "abuse", "the reason stays on the server")
+
+	// Denied by its limit, a key gets the usual 429.
+	do(h, "192.0.2.1:1", "X-Key", "free-1")
+	w = do(h, "192.0.2.1:1", "X-Key", "free-1")
+	assert.Equal(t, 429, w.Code)
+	_, err = httplimit.New(l, httplimit.Header("X-Key"), httplimit.Options{BlockedStatus: 200})
+	assert.ErrorContains(t, err, "Options.BlockedStatus is 200, want 400 to 599")
 }

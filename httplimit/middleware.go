@@ -51,6 +51,12 @@ type Options struct {
 	// http.StatusTooManyRequests.
 	DeniedStatus int
 
+	// BlockedStatus is the status of a blocked key's requests
+	// (Limiter.Block, Config.Ban): 400 to 599, default DeniedStatus. Use
+	// 403 Forbidden to tell clients it is not a rate limit. The body says
+	// the client is blocked, without the block's reason.
+	BlockedStatus int
+
 	// DeniedHandler, if set, writes the response to a denied request
 	// instead of the default problem+json body. The rate-limit headers and
 	// Retry-After are already set when it runs, and ResultFrom(r) returns
@@ -101,14 +107,31 @@ const MaxRetryJitter = time.Hour
 // concurrent use, and one Middleware can wrap any number of handlers
 // (which then share the limiter's quotas).
 type Middleware struct {
-	l        *hybridlimit.Limiter
-	key      KeyFunc
-	opts     Options
-	status   int
-	policy   *Policy
-	multi    bool // several rules: the RateLimit field needs State
-	minLimit int64
-	quota    []int64 // per rule: RateLimit-Limit (see Quota)
+	l       *hybridlimit.Limiter
+	key     KeyFunc
+	opts    Options
+	status  int
+	blocked int              // the status of a blocked key's requests
+	tiers   map[string]*tier // per tier of the limiter ("" for its Rules)
+	def     *tier
+}
+
+// tier is what the headers of one tier's keys need.
+type tier struct {
+	policy *Policy
+	multi  bool    // several rules: the RateLimit field needs State
+	quota  []int64 // per rule: RateLimit-Limit (see Quota)
+}
+
+// tierOf returns the headers of res's tier.
+func (m *Middleware) tierOf(res *hybridlimit.Result) *tier {
+	if res.Tier == "" {
+		return m.def
+	}
+	if t := m.tiers[res.Tier]; t != nil {
+		return t
+	}
+	return m.def
 }
 
 // New returns a middleware deciding requests with l, keyed by key.
@@ -129,20 +152,33 @@ func New(l *hybridlimit.Limiter, key KeyFunc, opts Options) (*Middleware, error)
 	if opts.RetryJitter < 0 || opts.RetryJitter > MaxRetryJitter {
 		return nil, fmt.Errorf("httplimit: Options.RetryJitter is %v, want 0 to %v", opts.RetryJitter, MaxRetryJitter)
 	}
-	rules := l.Rules()
-	p, err := newPolicy(rules, opts.PolicyNames, "Options.PolicyNames")
-	if err != nil {
-		return nil, err
+	m.blocked = opts.BlockedStatus
+	if m.blocked == 0 {
+		m.blocked = m.status
 	}
-	m.policy = p
-	m.opts.PolicyNames = p.names
-	m.minLimit = rules[0].Limit
-	for _, r := range rules {
-		m.minLimit = min(m.minLimit, r.Limit)
-		q, _ := Quota(r)
-		m.quota = append(m.quota, q)
+	if m.blocked < 400 || m.blocked > 599 {
+		return nil, fmt.Errorf("httplimit: Options.BlockedStatus is %d, want 400 to 599", opts.BlockedStatus)
 	}
-	m.multi = len(rules) > 1
+	m.tiers = map[string]*tier{}
+	for _, name := range l.Tiers() {
+		rules, _ := l.TierRules(name)
+		var names []string
+		if name == "" {
+			names = opts.PolicyNames
+		}
+		p, err := newPolicy(rules, names, "Options.PolicyNames")
+		if err != nil {
+			return nil, err
+		}
+		t := &tier{policy: p, multi: len(rules) > 1}
+		for _, r := range rules {
+			q, _ := Quota(r)
+			t.quota = append(t.quota, q)
+		}
+		m.tiers[name] = t
+	}
+	m.def = m.tiers[""]
+	m.opts.PolicyNames = m.def.policy.names
 	return m, nil
 }
 
@@ -156,7 +192,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 
 // PolicyNames returns the policy name of every rule, in the limiter's
 // order, as the draft headers report them.
-func (m *Middleware) PolicyNames() []string { return m.policy.Names() }
+func (m *Middleware) PolicyNames() []string { return m.def.policy.Names() }
 
 // KeyError is the error passed to Options.ErrorHandler when the key
 // function fails.
@@ -234,6 +270,7 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 	if retry > 0 {
 		reset = min(reset, retry)
 	}
+	t := m.tierOf(res)
 	var buf [256]byte
 	var ends [5]int
 	b := buf[:0]
@@ -241,7 +278,7 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 	if draft {
 		var st [hybridlimit.MaxRules]hybridlimit.RuleState
 		states := st[:0]
-		if m.multi {
+		if t.multi {
 			var err error
 			states, err = m.l.State(ctx, key, states)
 			if err != nil {
@@ -250,12 +287,12 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 		} else {
 			states = append(states, hybridlimit.RuleState{Rule: 0, Remaining: res.Remaining, ResetAfter: res.ResetAfter})
 		}
-		b = m.policy.AppendRateLimit(b, states, retry)
+		b = t.policy.AppendRateLimit(b, states, retry)
 		ends[k] = len(b)
 		k++
 	}
 	if legacy {
-		b = strconv.AppendInt(b, m.quota[res.Rule], 10)
+		b = strconv.AppendInt(b, t.quota[res.Rule], 10)
 		ends[k] = len(b)
 		b = strconv.AppendInt(b, res.Remaining, 10)
 		ends[k+1] = len(b)
@@ -283,7 +320,7 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 		e++
 	}
 	if draft {
-		vals[v] = m.policy.field
+		vals[v] = t.policy.field
 		h[headerPolicy] = vals[v : v+1 : v+1]
 		v++
 		next(headerRateLimit)
@@ -313,26 +350,40 @@ func (m *Middleware) deny(w http.ResponseWriter, r *http.Request, key string, re
 		m.opts.DeniedHandler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), resultKey{}, *res)))
 		return
 	}
-	// The violated policies: every rule that cannot admit the request now.
+	status, title := m.status, "Too Many Requests"
+	if res.Blocked {
+		status, title = m.blocked, "Blocked"
+	}
+	t := m.tierOf(res)
+	// The violated policies: every rule that cannot admit the request now
+	// (none for a blocked key).
 	violated := make([]string, 0, 1)
-	if m.multi {
+	switch {
+	case res.Blocked:
+	case t.multi:
 		var st [hybridlimit.MaxRules]hybridlimit.RuleState
 		states, _ := m.l.State(r.Context(), key, st[:0])
 		for i, s := range states {
 			if s.Remaining < n || i == res.Rule {
-				violated = append(violated, m.policy.names[i])
+				violated = append(violated, t.policy.names[i])
 			}
 		}
-	} else {
-		violated = append(violated, m.policy.names[0])
+	default:
+		violated = append(violated, t.policy.names[0])
+	}
+	typ, detail := ProblemType, fmt.Sprintf("rate limit exceeded; retry after %d s", retry)
+	if res.Blocked {
+		typ, detail = "about:blank", fmt.Sprintf("this client is blocked; retry after %d s", retry)
 	}
 	b := make([]byte, 0, 256)
 	b = append(b, `{"type":`...)
-	b = strconv.AppendQuote(b, ProblemType)
-	b = append(b, `,"title":"Too Many Requests","status":`...)
-	b = strconv.AppendInt(b, int64(m.status), 10)
+	b = strconv.AppendQuote(b, typ)
+	b = append(b, `,"title":`...)
+	b = strconv.AppendQuote(b, title)
+	b = append(b, `,"status":`...)
+	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"detail":`...)
-	b = strconv.AppendQuote(b, fmt.Sprintf("rate limit exceeded; retry after %d s", retry))
+	b = strconv.AppendQuote(b, detail)
 	b = append(b, `,"violated-policies":[`...)
 	for i, name := range violated {
 		if i > 0 {
@@ -341,7 +392,7 @@ func (m *Middleware) deny(w http.ResponseWriter, r *http.Request, key string, re
 		b = strconv.AppendQuote(b, name) // printable ASCII: valid JSON
 	}
 	b = append(b, "]}\n"...)
-	writeProblem(w, m.status, b)
+	writeProblem(w, status, b)
 }
 
 // fail answers a request that could not be decided.
