@@ -61,7 +61,7 @@ func seconds(d time.Duration) int64 {
 // states appends the state of every rule for key to dst: from the limiter
 // with several rules, from res with one.
 func (i *Interceptor) states(ctx context.Context, key string, res *hybridlimit.Result, dst []hybridlimit.RuleState) []hybridlimit.RuleState {
-	if !i.multi {
+	if !i.tierOf(res).multi {
 		return append(dst, hybridlimit.RuleState{Rule: 0, Limit: res.Limit, Window: res.Window, Remaining: res.Remaining, ResetAfter: res.ResetAfter})
 	}
 	states, err := i.l.State(ctx, key, dst)
@@ -79,6 +79,7 @@ func (i *Interceptor) metadata(ctx context.Context, key string, res *hybridlimit
 	if !draft && !legacy && !sendRetry {
 		return nil
 	}
+	t := i.tierOf(res)
 	var buf [256]byte
 	var ends [5]int
 	var keys [5]string
@@ -90,7 +91,7 @@ func (i *Interceptor) metadata(ctx context.Context, key string, res *hybridlimit
 	}
 	if draft {
 		var st [hybridlimit.MaxRules]hybridlimit.RuleState
-		b = i.policy.AppendRateLimit(b, i.states(ctx, key, res, st[:0]), d.maxT)
+		b = t.policy.AppendRateLimit(b, i.states(ctx, key, res, st[:0]), d.maxT)
 		add(mdRateLimit)
 	}
 	if legacy {
@@ -99,8 +100,8 @@ func (i *Interceptor) metadata(ctx context.Context, key string, res *hybridlimit
 			reset = min(reset, d.maxT)
 		}
 		q := res.Limit
-		if res.Rule >= 0 && res.Rule < len(i.rules) {
-			q, _ = httplimit.Quota(i.rules[res.Rule])
+		if res.Rule >= 0 && res.Rule < len(t.rules) {
+			q, _ = httplimit.Quota(t.rules[res.Rule])
 		}
 		b = strconv.AppendInt(b, q, 10)
 		add(mdLimit)
@@ -123,7 +124,7 @@ func (i *Interceptor) metadata(ctx context.Context, key string, res *hybridlimit
 		from = ends[j]
 	}
 	if draft {
-		vals[k] = i.policy.Field()
+		vals[k] = t.policy.Field()
 		md[mdPolicy] = vals[k : k+1 : k+1]
 	}
 	return md
@@ -132,15 +133,20 @@ func (i *Interceptor) metadata(ctx context.Context, key string, res *hybridlimit
 // status returns the status error of a denied request of cost n for key.
 func (i *Interceptor) status(ctx context.Context, key string, n int64, res *hybridlimit.Result, d *denial) error {
 	var msg string
-	if res.Degraded {
+	code := codes.ResourceExhausted
+	switch {
+	case res.Blocked:
+		code = i.opts.BlockedCode
+		msg = fmt.Sprintf("grpclimit: this client is blocked; retry after %v", d.delay)
+	case res.Degraded:
 		msg = fmt.Sprintf("grpclimit: rate limiter degraded (store failing or key table full) and failing closed; retry after %v", d.delay)
-	} else {
+	default:
 		msg = fmt.Sprintf("grpclimit: rate limit exceeded: %d per %s (policy %q); retry after %v",
-			res.Limit, httplimit.PolicyName(res.Window), i.name(res.Rule), d.delay)
+			res.Limit, httplimit.PolicyName(res.Window), i.tierOf(res).name(res.Rule), d.delay)
 	}
-	st := status.New(codes.ResourceExhausted, msg)
+	st := status.New(code, msg)
 	details := []protoadapt.MessageV1{&errdetails.RetryInfo{RetryDelay: durationpb.New(d.delay)}}
-	if i.opts.QuotaFailure && !res.Degraded {
+	if i.opts.QuotaFailure && !res.Degraded && !res.Blocked {
 		details = append(details, i.quotaFailure(ctx, key, n, res))
 	}
 	if withDetails, err := st.WithDetails(details...); err == nil {
@@ -150,17 +156,18 @@ func (i *Interceptor) status(ctx context.Context, key string, n int64, res *hybr
 }
 
 // name returns the policy name of rule r.
-func (i *Interceptor) name(r int) string {
-	if r < 0 || r >= len(i.names) {
+func (t *tier) name(r int) string {
+	if r < 0 || r >= len(t.names) {
 		return "?"
 	}
-	return i.names[r]
+	return t.names[r]
 }
 
 // quotaFailure describes every rule that cannot admit a request of cost n
 // for key now, as httplimit's violated-policies.
 func (i *Interceptor) quotaFailure(ctx context.Context, key string, n int64, res *hybridlimit.Result) *errdetails.QuotaFailure {
-	rules := i.rules
+	t := i.tierOf(res)
+	rules := t.rules
 	var st [hybridlimit.MaxRules]hybridlimit.RuleState
 	qf := &errdetails.QuotaFailure{}
 	for _, s := range i.states(ctx, key, res, st[:0]) {
@@ -170,8 +177,8 @@ func (i *Interceptor) quotaFailure(ctx context.Context, key string, n int64, res
 		r := rules[s.Rule]
 		q, _ := httplimit.Quota(r)
 		qf.Violations = append(qf.Violations, &errdetails.QuotaFailure_Violation{
-			Subject:     i.names[s.Rule],
-			QuotaId:     i.names[s.Rule],
+			Subject:     t.names[s.Rule],
+			QuotaId:     t.names[s.Rule],
 			QuotaValue:  q,
 			Description: describe(r),
 		})

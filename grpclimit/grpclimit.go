@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/httplimit"
@@ -70,6 +71,13 @@ type Options struct {
 	// is not included: it may be a credential.
 	QuotaFailure bool
 
+	// BlockedCode is the status code of a blocked key's calls
+	// (Limiter.Block, Config.Ban), with a RetryInfo detail of the time
+	// left; default codes.ResourceExhausted. Use codes.PermissionDenied to
+	// tell clients it is not a rate limit. The block's reason is not
+	// sent.
+	BlockedCode codes.Code
+
 	// RetryJitter, if positive, adds a uniformly random delay between zero
 	// and RetryJitter to the RetryInfo delay and to retry-after, so that
 	// clients denied together do not all come back at the same instant: 0
@@ -95,13 +103,27 @@ type Options struct {
 // is safe for concurrent use, and serves any number of servers (which then
 // share the limiter's quotas).
 type Interceptor struct {
-	l      *hybridlimit.Limiter
-	key    KeyFunc
-	opts   Options
+	l     *hybridlimit.Limiter
+	key   KeyFunc
+	opts  Options
+	tiers map[string]*tier // per tier of the limiter ("" for its Rules)
+	def   *tier
+}
+
+// tier is what the metadata of one tier's keys need.
+type tier struct {
 	policy *httplimit.Policy
 	names  []string
 	rules  []hybridlimit.Rule
 	multi  bool // several rules: the ratelimit field and QuotaFailure need State
+}
+
+// tierOf returns the tier of res.
+func (i *Interceptor) tierOf(res *hybridlimit.Result) *tier {
+	if t := i.tiers[res.Tier]; t != nil {
+		return t
+	}
+	return i.def
 }
 
 // New returns an Interceptor deciding calls with l, keyed by key. It
@@ -116,20 +138,32 @@ func New(l *hybridlimit.Limiter, key KeyFunc, opts Options) (*Interceptor, error
 	if opts.RetryJitter < 0 || opts.RetryJitter > MaxRetryJitter {
 		return nil, fmt.Errorf("grpclimit: Options.RetryJitter is %v, want 0 to %v", opts.RetryJitter, MaxRetryJitter)
 	}
-	rules := l.Rules()
-	if opts.PolicyNames != nil && len(opts.PolicyNames) != len(rules) {
-		return nil, fmt.Errorf("grpclimit: Options.PolicyNames has %d names, want one per rule: %d", len(opts.PolicyNames), len(rules))
+	if opts.BlockedCode == codes.OK {
+		opts.BlockedCode = codes.ResourceExhausted
 	}
-	p, err := httplimit.NewPolicy(rules, opts.PolicyNames)
-	if err != nil {
-		// httplimit's message names its argument: name ours instead.
-		const theirs = "httplimit: NewPolicy: names"
-		if msg := err.Error(); strings.HasPrefix(msg, theirs) {
-			return nil, errors.New("grpclimit: Options.PolicyNames" + msg[len(theirs):])
+	i := &Interceptor{l: l, key: key, opts: opts, tiers: map[string]*tier{}}
+	for _, name := range l.Tiers() {
+		rules, _ := l.TierRules(name)
+		var names []string
+		if name == "" {
+			names = opts.PolicyNames
+			if names != nil && len(names) != len(rules) {
+				return nil, fmt.Errorf("grpclimit: Options.PolicyNames has %d names, want one per rule: %d", len(names), len(rules))
+			}
 		}
-		return nil, fmt.Errorf("grpclimit: Options.PolicyNames: %w", err)
+		p, err := httplimit.NewPolicy(rules, names)
+		if err != nil {
+			// httplimit's message names its argument: name ours instead.
+			const theirs = "httplimit: NewPolicy: names"
+			if msg := err.Error(); strings.HasPrefix(msg, theirs) {
+				return nil, errors.New("grpclimit: Options.PolicyNames" + msg[len(theirs):])
+			}
+			return nil, fmt.Errorf("grpclimit: Options.PolicyNames: %w", err)
+		}
+		i.tiers[name] = &tier{policy: p, names: p.Names(), rules: rules, multi: len(rules) > 1}
 	}
-	return &Interceptor{l: l, key: key, opts: opts, policy: p, names: p.Names(), rules: rules, multi: len(rules) > 1}, nil
+	i.def = i.tiers[""]
+	return i, nil
 }
 
 // Unary is a grpc.UnaryServerInterceptor: it decides the call before

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -321,4 +322,35 @@ func TestLeakyBucketDelay(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A paid tier's keys get the paid tier's policy; a blocked key's calls fail
+// with Options.BlockedCode and a RetryInfo of the time left.
+func TestTiersAndBlocks(t *testing.T) {
+	mc := clock.NewMock()
+	mc.Set(epoch)
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules:  []hybridlimit.Rule{{Limit: 2, Window: time.Minute}},
+		Tiers:  map[string][]hybridlimit.Rule{"paid": {{Limit: 100, Window: time.Minute}}},
+		TierOf: func(string) string { return "paid" },
+		Clock:  mc, Manual: true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	i := newInterceptor(t, l, peerIP(t), grpclimit.Options{BlockedCode: codes.PermissionDenied})
+	cc, e := serve(t, i)
+	r := say(t, cc)
+	require.NoError(t, r.err)
+	assert.Equal(t, `"1m";q=100;w=60`, fields(r.header)["ratelimit-policy"])
+	assert.Equal(t, "100", fields(r.header)["ratelimit-limit"])
+
+	require.NoError(t, l.Block(context.Background(), "127.0.0.1", 30*time.Second, "abuse"))
+	r = say(t, cc)
+	st := status.Convert(r.err)
+	assert.Equal(t, codes.PermissionDenied, st.Code())
+	assert.Equal(t, "grpclimit: this client is blocked; retry after 30s", st.Message())
+	require.NotNil(t, r.retry)
+	assert.Equal(t, 30*time.Second, r.retry.GetRetryDelay().AsDuration())
+	assert.Equal(t, "30", fields(r.trailer)["retry-after"])
+	assert.Equal(t, int64(1), e.calls.Load())
 }
