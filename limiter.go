@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/puzpuzpuz/xsync/v3"
+
 	"github.com/hybridlimit/hybridlimit/local"
 	"github.com/hybridlimit/hybridlimit/store"
 	syncloop "github.com/hybridlimit/hybridlimit/sync"
@@ -41,6 +43,7 @@ type Limiter struct {
 	byName map[string]*tier // every tier, def as ""
 	tiered bool             // Config.Tiers or TierOf are set
 	pol    policies
+	hit    hitters
 	bans   *bans          // nil without Config.Ban
 	loop   *syncloop.Loop // nil in ModeLocal
 	clock  *clusterClock
@@ -98,6 +101,10 @@ func New(cfg Config) (*Limiter, error) {
 		l.pol.st = store.NewMemory(cfg.Clock)
 	} else if ps, ok := cfg.Store.(store.PolicyStore); ok {
 		l.pol.st = ps
+	}
+	l.hit.m = xsync.NewMapOf[string, *sketch]()
+	if ts, ok := cfg.Store.(store.TagStore); ok && cfg.Mode != ModeLocal {
+		l.hit.st = ts
 	}
 	if cfg.Ban.Denials > 0 {
 		if l.pol.st == nil {
@@ -160,7 +167,7 @@ func (l *Limiter) start(longest, rate time.Duration) {
 			defer l.wg.Done()
 			l.loop.Run(l.stop)
 		}()
-		if l.pol.st != nil {
+		if l.pol.st != nil || l.hit.st != nil {
 			l.wg.Add(1)
 			go l.watchPolicies(rate)
 		}
@@ -168,7 +175,7 @@ func (l *Limiter) start(longest, rate time.Duration) {
 }
 
 // watchPolicies reloads the policies every rate when their version
-// changed, until Close.
+// changed, and adds the tags seen to the store, until Close.
 func (l *Limiter) watchPolicies(rate time.Duration) {
 	defer l.wg.Done()
 	t := l.cfg.Clock.Ticker(rate)
@@ -181,6 +188,9 @@ func (l *Limiter) watchPolicies(rate time.Duration) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
 		if err := l.pol.reload(ctx, false); err != nil {
+			l.loop.ReportError(err)
+		}
+		if err := l.flushTags(ctx); err != nil {
 			l.loop.ReportError(err)
 		}
 		cancel()
@@ -228,7 +238,8 @@ func (l *Limiter) FailurePolicy() FailurePolicy { return l.cfg.FailurePolicy }
 // Sync runs one sync cycle now: it pushes the pending increments of the
 // keys touched since the last cycle, and the batches whose answer was
 // lost, and pulls the keys' cluster totals; and it reloads the overrides
-// and blocks if they changed. The background loop calls it every
+// and blocks if they changed, and adds the tags seen (AllowTagged) to the
+// store. The background loop calls it every
 // SyncRate; call it yourself with Config.Manual, or to push early. It
 // returns the first store error, if any; what was not applied is kept for
 // the next cycle. It does nothing in ModeLocal.
@@ -239,6 +250,9 @@ func (l *Limiter) Sync(ctx context.Context) error {
 	err := l.loop.Cycle(ctx)
 	if perr := l.pol.reload(ctx, false); err == nil {
 		err = perr
+	}
+	if terr := l.flushTags(ctx); err == nil {
+		err = terr
 	}
 	return err
 }
@@ -279,6 +293,11 @@ func (l *Limiter) Close(ctx context.Context) error {
 		l.wg.Wait()
 		if l.bans != nil {
 			l.bans.close()
+		}
+		if l.hit.st != nil {
+			tctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+			_ = l.flushTags(tctx) // best effort: contributors are a report
+			cancel()
 		}
 		if l.loop != nil {
 			if _, ok := ctx.Deadline(); !ok {

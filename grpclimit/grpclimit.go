@@ -71,6 +71,12 @@ type Options struct {
 	// is not included: it may be a credential.
 	QuotaFailure bool
 
+	// Tag, if set, returns who made a call (a user id behind a peer
+	// address key, say), for Limiter.Contributors: the tags of calls at or
+	// near the limit are counted (see Limiter.AllowTagged). It must be
+	// safe for concurrent use.
+	Tag func(ctx context.Context) string
+
 	// BlockedCode is the status code of a blocked key's calls
 	// (Limiter.Block, Config.Ban), with a RetryInfo detail of the time
 	// left; default codes.ResourceExhausted. Use codes.PermissionDenied to
@@ -238,7 +244,13 @@ func (i *Interceptor) open(ctx context.Context, method string, ss grpc.ServerStr
 // as headers; a denied call or message gets it as trailers. It returns nil
 // to go on, or the error to fail the call with.
 func (i *Interceptor) decide(ctx context.Context, method, key string, n int64, ss grpc.ServerStream, open bool) error {
-	res, err := i.l.AllowN(ctx, key, n)
+	var res hybridlimit.Result
+	var err error
+	if i.opts.Tag != nil {
+		res, err = i.l.AllowTagged(ctx, key, i.opts.Tag(ctx), n)
+	} else {
+		res, err = i.l.AllowN(ctx, key, n)
+	}
 	if err != nil {
 		return i.fail(ctx, method, err)
 	}

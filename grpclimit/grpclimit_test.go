@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
@@ -353,4 +354,23 @@ func TestTiersAndBlocks(t *testing.T) {
 	assert.Equal(t, 30*time.Second, r.retry.GetRetryDelay().AsDuration())
 	assert.Equal(t, "30", fields(r.trailer)["retry-after"])
 	assert.Equal(t, int64(1), e.calls.Load())
+}
+
+// Options.Tag feeds the limiter's contributors.
+func TestTag(t *testing.T) {
+	l, _ := newLimiter(t, hybridlimit.Rule{Limit: 1, Window: time.Minute})
+	i := newInterceptor(t, l, peerIP(t), grpclimit.Options{Tag: func(ctx context.Context) string {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if v := md.Get("x-user"); len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}})
+	cc, _ := serve(t, i)
+	for _, u := range []string{"ann", "bo", "bo"} {
+		say(t, cc, "x-user", u)
+	}
+	got, err := l.Contributors(context.Background(), "127.0.0.1")
+	require.NoError(t, err)
+	assert.Equal(t, []hybridlimit.Contributor{{Tag: "bo", Cost: 2}, {Tag: "ann", Cost: 1}}, got)
 }

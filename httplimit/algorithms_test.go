@@ -177,3 +177,16 @@ func TestTiersAndBlocks(t *testing.T) {
 	_, err = httplimit.New(l, httplimit.Header("X-Key"), httplimit.Options{BlockedStatus: 200})
 	assert.ErrorContains(t, err, "Options.BlockedStatus is 200, want 400 to 599")
 }
+
+// Options.Tag feeds the limiter's contributors.
+func TestTag(t *testing.T) {
+	l, _ := newLocal(t, hybridlimit.Rule{Limit: 2, Window: time.Minute})
+	h := mustNew(t, l, remoteIP(t), httplimit.Options{Tag: func(r *http.Request) string { return r.Header.Get("X-User") }}).Wrap(ok)
+	for _, u := range []string{"ann", "ann", "bo", "bo", "bo", "ann"} {
+		do(h, "192.0.2.1:1", "X-User", u)
+	}
+	got, err := l.Contributors(context.Background(), "192.0.2.1")
+	require.NoError(t, err)
+	// From the second request on (at most a quarter of 2 left).
+	assert.Equal(t, []hybridlimit.Contributor{{Tag: "bo", Cost: 3}, {Tag: "ann", Cost: 2}}, got)
+}

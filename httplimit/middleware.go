@@ -51,6 +51,12 @@ type Options struct {
 	// http.StatusTooManyRequests.
 	DeniedStatus int
 
+	// Tag, if set, returns who made a request (a user id behind an IP key,
+	// say), for Limiter.Contributors: the tags of requests at or near the
+	// limit are counted (see Limiter.AllowTagged). It must be safe for
+	// concurrent use.
+	Tag func(r *http.Request) string
+
 	// BlockedStatus is the status of a blocked key's requests
 	// (Limiter.Block, Config.Ban): 400 to 599, default DeniedStatus. Use
 	// 403 Forbidden to tell clients it is not a rate limit. The body says
@@ -214,7 +220,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if m.opts.Cost != nil {
 		n = m.opts.Cost(r)
 	}
-	res, err := m.l.AllowN(r.Context(), key, n)
+	var res hybridlimit.Result
+	if m.opts.Tag != nil {
+		res, err = m.l.AllowTagged(r.Context(), key, m.opts.Tag(r), n)
+	} else {
+		res, err = m.l.AllowN(r.Context(), key, n)
+	}
 	if err != nil {
 		m.fail(w, r, err)
 		return

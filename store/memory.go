@@ -28,6 +28,7 @@ type Memory struct {
 	sweep   int                          // size at which expired counters are swept next
 	pol     map[string]map[string]string // per prefix: policies (see PolicyStore)
 	polVer  map[string]uint64
+	tags    map[string]*memTags // by TagsKey
 
 	calls atomic.Uint64
 	ops   atomic.Uint64

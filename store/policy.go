@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -221,4 +222,96 @@ func parseStrikes(v string) (int64, int, bool) {
 	u, err1 := strconv.ParseInt(until, 10, 64)
 	k, err2 := strconv.Atoi(n)
 	return u, k, ok && ok2 && err1 == nil && err2 == nil
+}
+
+// TagCount is a tag and the cost counted for it.
+type TagCount struct {
+	Tag   string
+	Count int64
+}
+
+// TagStore is implemented by stores that keep the tags that contributed to
+// a key's requests near its limit, merged from every node (see
+// hybridlimit.Limiter.AllowTagged). Memory and Redis implement it.
+type TagStore interface {
+	// AddTags adds tags' counts to key's, keeps the keep most counted, and
+	// makes them expire ttl after this addition.
+	AddTags(ctx context.Context, prefix, key string, tags []TagCount, keep int, ttl time.Duration) error
+	// Tags returns key's n most counted tags, most first.
+	Tags(ctx context.Context, prefix, key string, n int) ([]TagCount, error)
+}
+
+// TagsKey returns the store key of key's tags under prefix.
+func TagsKey(prefix, key string) string {
+	return string(append(keyBase(prefix, key), "tags"...))
+}
+
+// AddTags implements TagStore.
+func (s *Memory) AddTags(ctx context.Context, prefix, key string, tags []TagCount, keep int, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tags == nil {
+		s.tags = map[string]*memTags{}
+	}
+	k := TagsKey(prefix, key)
+	now := s.clock.Now().UnixMilli()
+	t := s.tags[k]
+	if t == nil || t.exp <= now {
+		t = &memTags{m: map[string]int64{}}
+		s.tags[k] = t
+	}
+	for _, tc := range tags {
+		t.m[tc.Tag] += tc.Count
+	}
+	for len(t.m) > keep {
+		low := ""
+		for tag, n := range t.m {
+			if low == "" || n < t.m[low] || n == t.m[low] && tag > low {
+				low = tag
+			}
+		}
+		delete(t.m, low)
+	}
+	t.exp = now + ttl.Milliseconds()
+	return nil
+}
+
+// Tags implements TagStore.
+func (s *Memory) Tags(ctx context.Context, prefix, key string, n int) ([]TagCount, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tags[TagsKey(prefix, key)]
+	if t == nil || t.exp <= s.clock.Now().UnixMilli() {
+		return nil, nil
+	}
+	out := make([]TagCount, 0, len(t.m))
+	for tag, c := range t.m {
+		out = append(out, TagCount{tag, c})
+	}
+	sortTags(out)
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out, nil
+}
+
+// memTags is a key's tags in a Memory store.
+type memTags struct {
+	m   map[string]int64
+	exp int64 // Unix ms
+}
+
+func sortTags(ts []TagCount) {
+	sort.Slice(ts, func(i, j int) bool {
+		if ts[i].Count != ts[j].Count {
+			return ts[i].Count > ts[j].Count
+		}
+		return ts[i].Tag < ts[j].Tag
+	})
 }

@@ -104,3 +104,28 @@ func runPolicies(t *testing.T, open func(t *testing.T) (store.PolicyStore, strin
 		assert.Equal(t, base.Milliseconds(), p.Until-(at+forget.Milliseconds()))
 	})
 }
+
+func TestMemoryTags(t *testing.T) {
+	runTags(t, func(t *testing.T) (store.TagStore, string) { return store.NewMemory(nil), "hl" })
+}
+
+func TestRedisTags(t *testing.T) {
+	c := redistest.Client(t)
+	runTags(t, func(t *testing.T) (store.TagStore, string) { return storetest.Redis(t, c), redistest.Prefix(t) })
+}
+
+func runTags(t *testing.T, open func(t *testing.T) (store.TagStore, string)) {
+	ctx := context.Background()
+	s, pfx := open(t)
+	require.NoError(t, s.AddTags(ctx, pfx, "ip", []store.TagCount{{"a", 5}, {"b", 3}, {"c", 1}}, 3, time.Minute))
+	require.NoError(t, s.AddTags(ctx, pfx, "ip", []store.TagCount{{"b", 4}, {"d", 2}}, 3, time.Minute))
+	got, err := s.Tags(ctx, pfx, "ip", 10)
+	require.NoError(t, err)
+	assert.Equal(t, []store.TagCount{{"b", 7}, {"a", 5}, {"d", 2}}, got, "merged, the 3 most counted kept")
+	got, err = s.Tags(ctx, pfx, "ip", 1)
+	require.NoError(t, err)
+	assert.Equal(t, []store.TagCount{{"b", 7}}, got)
+	got, err = s.Tags(ctx, pfx, "other", 10)
+	require.NoError(t, err)
+	assert.Empty(t, got)
+}

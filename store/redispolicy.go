@@ -156,3 +156,43 @@ func (s *Redis) Policies(ctx context.Context, prefix string) (uint64, []Policy, 
 	}
 	return uint64(ver), ps, nil
 }
+
+// addTagsScript: KEYS[1] the tags; ARGV keep, ttl (ms), then tag, count
+// pairs.
+var addTagsScript = redis.NewScript(`
+for i = 3, #ARGV, 2 do redis.call('ZINCRBY', KEYS[1], ARGV[i + 1], ARGV[i]) end
+local keep = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(keep + 1))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 0
+`)
+
+// AddTags implements TagStore.
+func (s *Redis) AddTags(ctx context.Context, prefix, key string, tags []TagCount, keep int, ttl time.Duration) error {
+	argv := make([]any, 0, 2+2*len(tags))
+	argv = append(argv, keep, max(ttl.Milliseconds(), 1))
+	for _, t := range tags {
+		argv = append(argv, t.Tag, t.Count)
+	}
+	s.calls.Add(1)
+	if err := addTagsScript.Run(ctx, s.c, []string{TagsKey(prefix, key)}, argv...).Err(); err != nil {
+		return fmt.Errorf("store: redis: add tags of key %q: %w", key, err)
+	}
+	return nil
+}
+
+// Tags implements TagStore.
+func (s *Redis) Tags(ctx context.Context, prefix, key string, n int) ([]TagCount, error) {
+	s.calls.Add(1)
+	zs, err := s.c.ZRevRangeWithScores(ctx, TagsKey(prefix, key), 0, int64(n)-1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("store: redis: tags of key %q: %w", key, err)
+	}
+	out := make([]TagCount, 0, len(zs))
+	for _, z := range zs {
+		tag, _ := z.Member.(string)
+		out = append(out, TagCount{Tag: tag, Count: int64(z.Score)})
+	}
+	sortTags(out)
+	return out, nil
+}
