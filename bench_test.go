@@ -308,3 +308,35 @@ func BenchmarkKeyFlood(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPolicies times a local decision on one key beside overrides and
+// blocks: none; 1,000 overrides of other keys; the key overridden to
+// another tier.
+//
+//	go test -run '^$' -bench Policies -benchmem -cpu 1 -count 6 . | benchstat -col /policies -
+func BenchmarkPolicies(b *testing.B) {
+	ctx := context.Background()
+	for _, setup := range []string{"none", "others", "key"} {
+		b.Run("policies="+setup, func(b *testing.B) {
+			l, err := hybridlimit.New(hybridlimit.Config{Rules: benchRules[1],
+				Tiers: map[string][]hybridlimit.Rule{"paid": benchRules[1]}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close(ctx)
+			switch setup {
+			case "others":
+				for i := range 1000 {
+					if err := l.SetOverride(ctx, fmt.Sprint("other-", i), "paid", 0); err != nil {
+						b.Fatal(err)
+					}
+				}
+			case "key":
+				if err := l.SetOverride(ctx, "client-0", "paid", 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			benchAllow(b, l, benchKeys(1))
+		})
+	}
+}
