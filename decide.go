@@ -37,6 +37,10 @@ type Result struct {
 	// Degraded reports that the store failed and the decision was made by
 	// the FailurePolicy (or the key table was full).
 	Degraded bool
+	// Blocked reports that the key is blocked (Limiter.Block, or a
+	// BanPolicy): the request was denied before any rule counted it, and
+	// RetryAfter is the time left on the block.
+	Blocked bool
 	// Rule is the index in Config.Rules of the rule described below.
 	Rule int
 	// Limit and Window are that rule's.
@@ -54,10 +58,6 @@ type Result struct {
 	// its turn in a LeakyBucket rule's queue (the longest, with several).
 	// Zero for the other algorithms, and when denied. WaitN waits it.
 	Delay time.Duration
-	// Blocked reports that the key is blocked (Limiter.Block, or a
-	// BanPolicy): the request was denied before any rule counted it, and
-	// RetryAfter is the time left on the block.
-	Blocked bool
 	// Tier is the name of the key's tier ("" for Config.Rules); Rule
 	// indexes that tier's rules.
 	Tier string
@@ -77,12 +77,12 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // done ctx; store failures are decided by the FailurePolicy and reported in
 // Result.Degraded.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, error) {
-	t, err := l.route(key, n, "AllowN")
+	t, kp, err := l.route(key, n, "AllowN")
 	if err != nil {
 		return Result{Rule: -1}, err
 	}
-	if l.pol.active.Load() {
-		if b, ok := l.pol.block(key, l.clock.now()); ok {
+	if kp != nil {
+		if b := kp.blocked(l.clock.now()); b != nil {
 			return l.blockedResult(t, b), nil
 		}
 	}
@@ -106,7 +106,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 }
 
 // blockedResult answers a request of a blocked key.
-func (l *Limiter) blockedResult(t *tier, b store.Policy) Result {
+func (l *Limiter) blockedResult(t *tier, b *store.Policy) Result {
 	l.blocked.Add(1)
 	return t.blocked(b, l.clock.now())
 }
@@ -137,14 +137,12 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 // without consuming anything. Remaining is what is left before the request.
 // It makes a store round trip in ModeSynchronous only.
 func (l *Limiter) PeekN(ctx context.Context, key string, n int64) (Result, error) {
-	t, err := l.route(key, n, "PeekN")
+	t, kp, err := l.route(key, n, "PeekN")
 	if err != nil {
 		return Result{Rule: -1}, err
 	}
-	if l.pol.active.Load() {
-		if b, ok := l.pol.block(key, l.clock.now()); ok {
-			return t.blocked(b, l.clock.now()), nil
-		}
+	if b := kp.blocked(l.clock.now()); b != nil {
+		return t.blocked(b, l.clock.now()), nil
 	}
 	if l.sync != nil {
 		return l.sync.decide(ctx, t, key, n, true)
@@ -222,7 +220,7 @@ type RuleState struct {
 // node's last decision on key. Use it to fill per-rule response headers
 // after a decision. It allocates only when dst lacks room.
 func (l *Limiter) State(ctx context.Context, key string, dst []RuleState) ([]RuleState, error) {
-	t, err := l.route(key, 1, "State")
+	t, _, err := l.route(key, 1, "State")
 	if err != nil {
 		return dst, err
 	}

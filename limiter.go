@@ -41,7 +41,6 @@ type Limiter struct {
 	def    *tier            // Rules
 	tiers  []*tier          // def, then Config.Tiers by name
 	byName map[string]*tier // every tier, def as ""
-	tiered bool             // Config.Tiers or TierOf are set
 	pol    policies
 	hit    hitters
 	bans   *bans          // nil without Config.Ban
@@ -95,8 +94,7 @@ func New(cfg Config) (*Limiter, error) {
 		longest = max(longest, t.longest)
 	}
 	l.def = l.tiers[0]
-	l.tiered = len(l.tiers) > 1 || cfg.TierOf != nil
-	l.pol.prefix = cfg.Prefix
+	l.pol.prefix, l.pol.tiers = cfg.Prefix, l.byName
 	if cfg.Mode == ModeLocal {
 		l.pol.st = store.NewMemory(cfg.Clock)
 	} else if ps, ok := cfg.Store.(store.PolicyStore); ok {

@@ -110,6 +110,7 @@ func (b *BanPolicy) validate() error {
 type policies struct {
 	st     store.PolicyStore // nil: the store keeps none
 	prefix string
+	tiers  map[string]*tier
 	active atomic.Bool // some policy is cached: decisions look keys up
 	snap   atomic.Pointer[policySnap]
 
@@ -118,36 +119,40 @@ type policies struct {
 	loaded  bool
 }
 
-// policySnap is one immutable reading of the store's policies.
-type policySnap struct {
-	over   map[string]store.Policy
-	blocks map[string]store.Policy
+// policySnap is one immutable reading of the store's policies: per key,
+// its override and block, in one map so that a decision looks a key up
+// once.
+type policySnap map[string]*keyPolicy
+
+// keyPolicy is a key's policies.
+type keyPolicy struct {
+	tier      *tier // the override's tier; nil without one (or for a tier this node lacks)
+	overUntil int64 // Unix ms; 0: no end
+	block     *store.Policy
 }
 
-// override returns key's override tier in force at now (ns).
-func (p *policies) override(key string, now int64) (string, bool) {
-	s := p.snap.Load()
-	if s == nil {
-		return "", false
+// lookup returns key's policies, or nil.
+func (p *policies) lookup(key string) *keyPolicy {
+	if s := p.snap.Load(); s != nil {
+		return (*s)[key]
 	}
-	o, ok := s.over[key]
-	if !ok || !o.InForce(now/int64(time.Millisecond)) {
-		return "", false
-	}
-	return o.Value, true
+	return nil
 }
 
-// block returns key's block in force at now (ns).
-func (p *policies) block(key string, now int64) (store.Policy, bool) {
-	s := p.snap.Load()
-	if s == nil {
-		return store.Policy{}, false
+// override returns the override's tier in force at now (ns), or nil.
+func (kp *keyPolicy) override(now int64) *tier {
+	if kp == nil || kp.tier == nil || (kp.overUntil != 0 && kp.overUntil <= now/int64(time.Millisecond)) {
+		return nil
 	}
-	b, ok := s.blocks[key]
-	if !ok || !b.InForce(now/int64(time.Millisecond)) {
-		return store.Policy{}, false
+	return kp.tier
+}
+
+// blocked returns the block in force at now (ns), or nil.
+func (kp *keyPolicy) blocked(now int64) *store.Policy {
+	if kp == nil || kp.block == nil || !kp.block.InForce(now/int64(time.Millisecond)) {
+		return nil
 	}
-	return b, true
+	return kp.block
 }
 
 // reload reads the store's policies if their version changed since the
@@ -171,16 +176,24 @@ func (p *policies) reload(ctx context.Context, force bool) error {
 	if err != nil {
 		return err
 	}
-	s := &policySnap{over: map[string]store.Policy{}, blocks: map[string]store.Policy{}}
+	s := policySnap{}
 	for _, x := range ps {
+		kp := s[x.Key]
+		if kp == nil {
+			kp = &keyPolicy{}
+			s[x.Key] = kp
+		}
 		switch x.Kind {
 		case store.Override:
-			s.over[x.Key] = x
+			// An override naming a tier this node lacks (nodes configured
+			// apart) leaves the key in its usual tier.
+			kp.tier, kp.overUntil = p.tiers[x.Value], x.Until
 		case store.Block:
-			s.blocks[x.Key] = x
+			b := x
+			kp.block = &b
 		}
 	}
-	p.snap.Store(s)
+	p.snap.Store(&s)
 	p.active.Store(len(ps) > 0)
 	p.version, p.loaded = v, true
 	return nil
@@ -340,7 +353,7 @@ func unixMs(ms int64) time.Time {
 }
 
 // blocked returns the Result of a request of key, blocked at now, on t.
-func (t *tier) blocked(b store.Policy, now int64) Result {
+func (t *tier) blocked(b *store.Policy, now int64) Result {
 	res := t.fresh()
 	res.Allowed, res.Blocked, res.Remaining = false, true, 0
 	if b.Until != 0 {

@@ -75,41 +75,59 @@ func (t *tier) fresh() Result {
 	return Result{Allowed: true, Rule: t.minRule, Limit: r.Limit, Window: r.Window, Remaining: r.maxCost(), Tier: t.name}
 }
 
-// route checks key and n and returns the tier that decides key: the tier of
-// its override, if any, else the one Config.TierOf names, else the default.
-func (l *Limiter) route(key string, n int64, op string) (*tier, error) {
-	switch {
-	case l.closed.Load():
-		return nil, ErrClosed
-	case len(key) == 0:
-		return nil, ErrEmptyKey
-	case len(key) > l.cfg.MaxKeyLen:
-		return nil, &inputError{fmt.Sprintf("hybridlimit: key of %d bytes exceeds Config.MaxKeyLen %d", len(key), l.cfg.MaxKeyLen), ErrKeyTooLong}
+// route checks key and n and returns the tier that decides key (the tier
+// of its override, if any, else the one Config.TierOf names, else the
+// default) and key's policies (nil when it has none).
+func (l *Limiter) route(key string, n int64, op string) (*tier, *keyPolicy, error) {
+	if l.closed.Load() || len(key) == 0 || len(key) > l.cfg.MaxKeyLen {
+		return nil, nil, l.keyError(key)
 	}
 	t := l.def
-	if l.tiered {
+	var kp *keyPolicy
+	if l.pol.active.Load() || l.cfg.TierOf != nil {
 		var err error
-		if t, err = l.tierOf(key); err != nil {
-			return nil, err
+		if t, kp, err = l.policyRoute(key); err != nil {
+			return nil, nil, err
 		}
 	}
 	if n < 1 || n > t.minCost {
-		return nil, t.costError(op, n)
+		return nil, nil, t.costError(op, n)
 	}
-	return t, nil
+	return t, kp, nil
 }
 
-// tierOf returns key's tier.
-func (l *Limiter) tierOf(key string) (*tier, error) {
+// keyError returns route's error for key (or for a closed limiter).
+func (l *Limiter) keyError(key string) error {
+	switch {
+	case l.closed.Load():
+		return ErrClosed
+	case len(key) == 0:
+		return ErrEmptyKey
+	}
+	return &inputError{fmt.Sprintf("hybridlimit: key of %d bytes exceeds Config.MaxKeyLen %d", len(key), l.cfg.MaxKeyLen), ErrKeyTooLong}
+}
+
+// policyRoute returns key's tier and policies when some are cached or
+// Config.TierOf is set.
+func (l *Limiter) policyRoute(key string) (*tier, *keyPolicy, error) {
+	var t *tier
+	var kp *keyPolicy
 	if l.pol.active.Load() {
-		if name, ok := l.pol.override(key, l.clock.now()); ok {
-			if t := l.byName[name]; t != nil {
-				return t, nil
-			}
-			// An override naming a tier this node does not have (nodes
-			// configured apart): the key keeps its usual tier.
+		if kp = l.pol.lookup(key); kp != nil {
+			t = kp.override(l.clock.now())
 		}
 	}
+	if t == nil {
+		var err error
+		if t, err = l.tierOf(key); err != nil {
+			return nil, nil, err
+		}
+	}
+	return t, kp, nil
+}
+
+// tierOf returns the tier Config.TierOf names for key, or the default.
+func (l *Limiter) tierOf(key string) (*tier, error) {
 	if l.cfg.TierOf == nil {
 		return l.def, nil
 	}
