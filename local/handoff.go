@@ -163,16 +163,18 @@ func (t *Table) Release(e *Entry, pushes []Push) {
 // for FlushDone).
 func (t *Table) Close() { t.closed.Store(true) }
 
-// TakeFinal is the final flush's take: it takes every entry's pending
-// increments like Take and seals the entry, so that no rollover or
-// decision changes it afterwards. Call it after Close, once per entry, and
-// FlushDone when the flush has ended.
+// TakeFinal is the final flush's take: it takes an entry's pending
+// increments like Take and seals the entry, so that no rollover changes it
+// afterwards. Call it after Close, for every entry and then for every
+// entry touched since (what a failed push handed back, and entries that
+// decisions racing with Close created or touched), until nothing is left;
+// then FlushDone. A decision that committed after Close learns at
+// FlushDone whether a take moved its increment (it was pushed: admitted)
+// or not (taken back: Closed), so the flush and the decisions agree
+// whichever take comes last.
 func (t *Table) TakeFinal(e *Entry, now int64, dst []Push) []Push {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.has(flagSealed) {
-		return dst
-	}
 	dst, _ = t.takeLocked(e, now, dst)
 	e.set(flagSealed, true)
 	return dst

@@ -568,7 +568,10 @@ func (l *Loop) Flush(ctx context.Context) error {
 		case <-t.C:
 		}
 		wait = min(2*wait, time.Second)
-		l.sendAll(ctx, l.entries, false)
+		// Final takes again: an entry that a decision racing with Close
+		// created or touched after the first pass is sealed now, so that
+		// what this pass pushes is what the decisions report admitted.
+		l.sendAll(ctx, l.entries, true)
 	}
 }
 
