@@ -52,13 +52,17 @@ func writeTargetTable(w io.Writer, o *options, res *targetResult) error {
 		return err
 	}
 	a, m := res.Answer, res.Missed
+	mode := "async" // the -modes name of the policy searched
+	if o.Policy == hybridlimit.Naive {
+		mode = "naive"
+	}
 	switch {
 	case a == nil:
-		fmt.Fprintf(w, "\nanswer: none. Even async:1ms overshoots by %+.2f%%, more than %+g%%: use the synchronous mode (-modes sync), exact at about one store call per request (or per batch of concurrent requests).\n", res.Tried[0].Rep.OvershootPct, res.Target)
+		fmt.Fprintf(w, "\nanswer: none. Even "+mode+":1ms overshoots by %+.2f%%, more than %+g%%: use the synchronous mode (-modes sync), exact at about one store call per request (or per batch of concurrent requests).\n", res.Tried[0].Rep.OvershootPct, res.Target)
 	case m == nil:
-		fmt.Fprintf(w, "\nanswer: async:%v (overshoot %+.2f%%, %.1f store calls/s): every rate tried up to the longest window, %v, is within %+g%%.\n", a.Rate, a.Rep.OvershootPct, callsPerSec(o, a.Rep), res.Upper, res.Target)
+		fmt.Fprintf(w, "\nanswer: "+mode+":%v (overshoot %+.2f%%, %.1f store calls/s): every rate tried up to the longest window, %v, is within %+g%%.\n", a.Rate, a.Rep.OvershootPct, callsPerSec(o, a.Rep), res.Upper, res.Target)
 	default:
-		fmt.Fprintf(w, "\nanswer: async:%v (overshoot %+.2f%%, %.1f store calls/s), the slowest sync rate tried within %+g%%; the next one tried, %v, overshoots %+.2f%%.\n", a.Rate, a.Rep.OvershootPct, callsPerSec(o, a.Rep), res.Target, m.Rate, m.Rep.OvershootPct)
+		fmt.Fprintf(w, "\nanswer: "+mode+":%v (overshoot %+.2f%%, %.1f store calls/s), the slowest sync rate tried within %+g%%; the next one tried, %v, overshoots %+.2f%%.\n", a.Rate, a.Rep.OvershootPct, callsPerSec(o, a.Rep), res.Target, m.Rate, m.Rep.OvershootPct)
 	}
 	var err error
 	if miss := res.fasterMisses(); len(miss) > 0 {
