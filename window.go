@@ -11,7 +11,7 @@ import (
 )
 
 // Windows. This file holds what a user configures about windows (Rule and
-// WindowType) and when a decision happens: the instant every node reads,
+// Algorithm) and when a decision happens: the instant every node reads,
 // on one clock for the whole cluster. How much a window holds — the
 // counts, the sliding estimate, remaining, retry-after and reset — is
 // computed in package local, next to the counters (local/window.go), so

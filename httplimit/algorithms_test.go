@@ -190,3 +190,14 @@ func TestTag(t *testing.T) {
 	// From the second request on (at most a quarter of 2 left).
 	assert.Equal(t, []hybridlimit.Contributor{{Tag: "bo", Cost: 3}, {Tag: "ann", Cost: 2}}, got)
 }
+
+// Rules of one window are told apart by their algorithm in the default
+// policy names.
+func TestPolicyNamesOfOneWindow(t *testing.T) {
+	l, _ := newLocal(t,
+		hybridlimit.Rule{Limit: 10, Window: time.Second},
+		hybridlimit.Rule{Limit: 5, Window: time.Second, Type: hybridlimit.TokenBucket},
+		hybridlimit.Rule{Limit: 8, Window: time.Second, Type: hybridlimit.TokenBucket, Burst: 2})
+	m := mustNew(t, l, remoteIP(t), httplimit.Options{})
+	assert.Equal(t, []string{"1s", "1s-token-bucket", "1s-token-bucket-2"}, m.PolicyNames())
+}

@@ -3,6 +3,7 @@ package httplimit
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -116,10 +117,17 @@ func newPolicy(rules []hybridlimit.Rule, names []string, field string) (*Policy,
 		return nil, fmt.Errorf("httplimit: %s has %d names, want one per rule: %d", field, len(names), len(rules))
 	}
 	p := &Policy{names: make([]string, len(rules))}
+	taken := func(name string, i int) bool { return slices.Contains(p.names[:i], name) }
 	for i, r := range rules {
 		name := PolicyName(r.Window)
 		if names != nil {
 			name = names[i]
+		} else if taken(name, i) {
+			// Rules of one window and other algorithms: named after
+			// both, then after their place.
+			if name += "-" + r.Type.String(); taken(name, i) {
+				name += "-" + strconv.Itoa(i)
+			}
 		}
 		if name == "" {
 			return nil, fmt.Errorf("httplimit: %s[%d] is empty", field, i)
