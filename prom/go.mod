@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261123055906-6bf2d11304a1
+	github.com/hybridlimit/hybridlimit v0.0.0-20261123063935-6393f8cfbe14
 	github.com/stretchr/testify v1.12.1
 )
 
