@@ -38,7 +38,8 @@ type Stats struct {
 	// LastSyncLatency is the round trip of the last successful push.
 	LastSyncLatency time.Duration
 	// SyncPeriod is the time between the starts of the last two sync
-	// cycles: SyncRate while the loop keeps up, more when a cycle takes
+	// cycles, or since the start of the cycle under way when that is
+	// longer: SyncRate while the loop keeps up, more when a cycle takes
 	// longer than SyncRate (many keys, a slow store) or the loop backs off
 	// while the store fails. Async decisions see the other nodes' counts
 	// up to SyncPeriod plus a round trip late. SyncCycleTime is the last

@@ -204,6 +204,8 @@ func (l *Loop) Cycle(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	start := l.cfg.Clock.Now()
+	l.stats.running.Store(start.UnixNano())
+	defer l.stats.running.Store(0)
 	l.entries = l.touched(l.entries)
 	if len(l.entries) == 0 && len(l.doubt) == 0 {
 		if l.failing.Load() {

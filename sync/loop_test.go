@@ -31,12 +31,16 @@ type faulty struct {
 	doubt    atomic.Int64
 	badGroup atomic.Int64 // group+1, 0 for none
 	pushes   atomic.Int64
+	hold     chan struct{} // when set, Push waits for it to close
 }
 
 var errDown = errors.New("down")
 
 func (f *faulty) Push(ctx context.Context, bs []*store.Batch) error {
 	f.pushes.Add(1)
+	if f.hold != nil {
+		<-f.hold
+	}
 	if f.down.Load() {
 		for _, b := range bs {
 			b.Status, b.Err = store.Failed, errDown
@@ -270,4 +274,31 @@ func TestFlush(t *testing.T) {
 	require.NoError(t, g.loop.Flush(context.Background()), "the store came back within the flush")
 	assert.Equal(t, int64(4), g.total("x"))
 	assert.Equal(t, int64(4), g.total("y"))
+}
+
+// While a cycle is under way, Stats.Period is at least the time since it
+// began: a loop stuck in a long cycle says so.
+func TestPeriodCountsTheCycleUnderWay(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.admit(t, 1, "a")
+	require.NoError(t, f.loop.Cycle(ctx))
+	f.mock.Add(100 * time.Millisecond)
+	f.admit(t, 1, "a")
+	require.NoError(t, f.loop.Cycle(ctx))
+	assert.Equal(t, 100*time.Millisecond, f.loop.Stats().Period)
+
+	f.st.hold = make(chan struct{})
+	f.mock.Add(100 * time.Millisecond)
+	f.admit(t, 1, "a")
+	done := make(chan error)
+	go func() { done <- f.loop.Cycle(ctx) }()
+	for f.st.pushes.Load() < 3 {
+		time.Sleep(time.Millisecond)
+	}
+	f.mock.Add(2 * time.Second)
+	assert.Equal(t, 2*time.Second, f.loop.Stats().Period, "the cycle under way")
+	close(f.st.hold)
+	require.NoError(t, <-done)
+	assert.Equal(t, 100*time.Millisecond, f.loop.Stats().Period, "between the starts once it ended")
 }

@@ -15,6 +15,7 @@ type counters struct {
 	backoff   atomic.Int64 // the wait before the next cycle, ns
 	doubt     atomic.Int64 // batches in doubt
 	lastStart atomic.Int64 // Unix ns of the last cycle's start
+	running   atomic.Int64 // Unix ns of the start of the cycle under way, 0 if none
 	period    atomic.Int64 // between the starts of the last two cycles, ns
 	took      atomic.Int64 // the last cycle's duration, ns
 	keys      atomic.Int64 // the last cycle's keys
@@ -44,7 +45,7 @@ type Stats struct {
 	Offset      time.Duration // the store's clock minus this node's
 	Backoff     time.Duration // the wait before the next cycle
 	InDoubt     int           // batches sent whose answer was lost, to send again
-	Period      time.Duration // between the starts of the last two cycles
+	Period      time.Duration // between the starts of the last two cycles, or since the start of the cycle under way if longer
 	CycleTime   time.Duration // the last cycle's duration
 	CycleKeys   int           // the keys the last cycle handled
 }
@@ -64,6 +65,10 @@ func (l *Loop) Stats() Stats {
 		Period:      time.Duration(l.stats.period.Load()),
 		CycleTime:   time.Duration(l.stats.took.Load()),
 		CycleKeys:   int(l.stats.keys.Load()),
+	}
+	if r := l.stats.running.Load(); r != 0 {
+		// A long cycle under way: the cluster view is at least this old.
+		s.Period = max(s.Period, time.Duration(l.cfg.Clock.Now().UnixNano()-r))
 	}
 	if b := l.stats.lastError.Load(); b != nil {
 		s.LastError = b.err
