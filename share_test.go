@@ -143,6 +143,11 @@ func TestShareConvergesOnTheLimit(t *testing.T) {
 	t.Logf("naive %v\nshare %v", naive, share)
 	assertNear(t, share, 2, 0.02, "share")
 	assert.Greater(t, float64(sum(naive[2:]))/8, 1.04*shareLimit, "naive overshoots: %v", naive)
+	// Every window on its own, across each rollover: no second admits
+	// much more than the limit, or much less.
+	for i, n := range share[2:] {
+		assert.InDelta(t, shareLimit, n, 0.05*shareLimit, "second %d: %v", i+2, share)
+	}
 }
 
 func TestShareFollowsNodesJoiningAndLeaving(t *testing.T) {
