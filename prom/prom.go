@@ -58,6 +58,7 @@ type Collector struct {
 	decisions, degraded, overflow, keys, evicted, pending, dropped *prometheus.Desc
 	cycles, errors, calls, pushed, lastLatency, failing, offset    *prometheus.Desc
 	period, cycleTime, cycleKeys, inDoubt                          *prometheus.Desc
+	blocked                                                        *prometheus.Desc
 }
 
 // NewCollector returns a collector without a limiter: wire its ObserveSync
@@ -90,6 +91,7 @@ func NewCollector(opts Options) *Collector {
 	c.decisions = d("decisions_total", "Decisions made (Peek excluded), by decision (allowed or denied).", "decision")
 	c.degraded = d("degraded_decisions_total", "Decisions made by the failure policy because the store failed.")
 	c.overflow = d("overflow_decisions_total", "Decisions on new keys while the key table was full (MaxKeys).")
+	c.blocked = d("blocked_decisions_total", "Denials of blocked keys (Limiter.Block, Config.Ban); decisions_total counts them as denied too.")
 	c.keys = d("keys", "Keys tracked in the local table.")
 	c.evicted = d("evicted_keys_total", "Keys removed from the local table after being idle.")
 	c.pending = d("pending_increments", "Increments admitted locally and not yet acknowledged by the store.")
@@ -146,7 +148,7 @@ func NewLimiter(cfg hybridlimit.Config, opts Options) (*hybridlimit.Limiter, *Co
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.decisions, c.degraded, c.overflow, c.keys, c.evicted, c.pending, c.dropped,
 		c.cycles, c.errors, c.calls, c.pushed, c.lastLatency, c.failing, c.offset,
-		c.period, c.cycleTime, c.cycleKeys, c.inDoubt} {
+		c.period, c.cycleTime, c.cycleKeys, c.inDoubt, c.blocked} {
 		ch <- d
 	}
 	c.latency.Describe(ch)
@@ -170,6 +172,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.decisions, s.Denied, "denied")
 	counter(c.degraded, s.Degraded)
 	counter(c.overflow, s.Overflow)
+	counter(c.blocked, s.Blocked)
 	gauge(c.keys, float64(s.Keys))
 	counter(c.evicted, s.Evicted)
 	gauge(c.pending, float64(s.Pending))

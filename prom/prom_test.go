@@ -199,6 +199,7 @@ func Example() {
 		}
 	}
 	// Output:
+	// hybridlimit_blocked_decisions_total limiter=api 0
 	// hybridlimit_decisions_total decision=allowed,limiter=api 3
 	// hybridlimit_decisions_total decision=denied,limiter=api 0
 	// hybridlimit_degraded_decisions_total limiter=api 0
