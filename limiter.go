@@ -93,7 +93,7 @@ func New(cfg Config) (*Limiter, error) {
 		Share:       cfg.Mode == ModeAsync && cfg.AsyncPolicy == Share,
 		Seed:        cfg.Seed,
 	})
-	offset := func() int64 { return 0 }
+	offset := new(atomic.Int64) // zero: this node's own clock
 	if syncing {
 		var id [8]byte
 		_, _ = rand.Read(id[:])
@@ -117,9 +117,8 @@ func New(cfg Config) (*Limiter, error) {
 			Logger:    cfg.Logger,
 			LogEvery:  cfg.LogEvery,
 		})
-		offset = l.loop.Offset
-		if cfg.ClockSync < 0 {
-			offset = func() int64 { return 0 }
+		if cfg.ClockSync >= 0 {
+			offset = l.loop.OffsetVar()
 		}
 	}
 	l.clock = newClusterClock(cfg.Clock, cfg.ClockResolution < 0, offset)
