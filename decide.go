@@ -81,8 +81,8 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // done ctx; store failures are decided by the FailurePolicy and reported in
 // Result.Degraded.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, error) {
-	if err := l.check(key, n, "AllowN"); err != nil {
-		return Result{Rule: -1}, err
+	if !l.valid(key, n) {
+		return Result{Rule: -1}, l.check(key, n, "AllowN")
 	}
 	if l.sync != nil {
 		return l.sync.decide(ctx, key, n, false)
@@ -217,6 +217,14 @@ func (l *Limiter) State(ctx context.Context, key string, dst []RuleState) ([]Rul
 	return dst, nil
 }
 
+// valid reports whether check would return nil: open, 1 ≤ len(key) ≤
+// MaxKeyLen and 1 ≤ n ≤ the smallest limit (as unsigned ranges). It is
+// inlined in every decision.
+func (l *Limiter) valid(key string, n int64) bool {
+	return !l.closed.Load() && uint(len(key)-1) < uint(l.cfg.MaxKeyLen) && uint64(n-1) < uint64(l.minLimit)
+}
+
+// check returns the error for invalid input, or ErrClosed.
 func (l *Limiter) check(key string, n int64, op string) error {
 	switch {
 	case l.closed.Load():
