@@ -1,11 +1,11 @@
 package local
 
 import (
-	"hash/maphash"
 	"math/bits"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/puzpuzpuz/xsync/v3"
 )
@@ -58,7 +58,7 @@ type Table struct {
 	countDenied bool
 	share       bool
 
-	seed   maphash.Seed
+	seed   uintptr // the hash's seed
 	shift  uint // 64 − log2(len(shards))
 	shards []*xsync.MapOf[hkey, *Entry]
 
@@ -95,7 +95,6 @@ func NewTable(o Options) *Table {
 		syncing:     o.Syncing,
 		countDenied: o.CountDenied,
 		share:       o.Share && o.Syncing,
-		seed:        maphash.MakeSeed(),
 		maxKeys:     int64(o.MaxKeys),
 		flushed:     make(chan struct{}),
 	}
@@ -116,6 +115,7 @@ func NewTable(o Options) *Table {
 		seed = rand.Uint64()
 	}
 	t.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	t.seed = uintptr(rand.Uint64())
 	n := 1
 	for n < 256 && int64(n)*shardKeys < t.maxKeys {
 		n *= 2
@@ -132,8 +132,23 @@ func NewTable(o Options) *Table {
 func (t *Table) Rules() []Rule { return t.rules }
 
 func (t *Table) hash(key string) hkey {
-	return hkey{maphash.String(t.seed, key), key}
+	return hkey{hashString(key, t.seed), key}
 }
+
+// hashString hashes s with the runtime's string hash (AES-based where the
+// CPU has it), called directly: hash/maphash adds some 40 instructions of
+// wrappers per call. On 32-bit platforms the hash is spread to 64 bits.
+func hashString(s string, seed uintptr) uint64 {
+	h := uint64(runtimeMemhash(unsafe.Pointer(unsafe.StringData(s)), seed, uintptr(len(s))))
+	if unsafe.Sizeof(uintptr(0)) == 4 {
+		h *= 0x9e3779b97f4a7c15
+	}
+	return h
+}
+
+//go:noescape
+//go:linkname runtimeMemhash runtime.memhash
+func runtimeMemhash(p unsafe.Pointer, h, s uintptr) uintptr
 
 func (t *Table) shard(k hkey) *xsync.MapOf[hkey, *Entry] {
 	if t.shift == 64 {
