@@ -59,7 +59,7 @@ type Table struct {
 	share       bool
 
 	seed   uintptr // the hash's seed
-	shift  uint // 64 − log2(len(shards))
+	shift  uint    // 64 − log2(len(shards))
 	shards []*xsync.MapOf[hkey, *Entry]
 
 	maxKeys int64
