@@ -30,13 +30,57 @@ const (
 // now and, when every rule admits it, counts it on every rule. It takes no
 // lock, except for a rollover (once per key and rule per window) and for
 // Log rules.
+//
+// Its body is the common case of a table of one Sliding or Fixed rule
+// without the share policy, written out in one function: a tracked key
+// found at its first slot, in the counter's window, admitted at the
+// first compare-and-swap. Everything else, and every denial, goes to
+// allow, which decides from the start.
 func (t *Table) Allow(key string, n, now int64) (Decision, Status) {
+	h := t.hash(key)
+	if !t.fast || t.closed.Load() {
+		return t.allow(h, key, n, now)
+	}
+	sl := t.shardOf(h).tab.Load().e
+	e := sl[h&uint64(len(sl)-1)].Load()
+	if e == nil || e.key != key {
+		return t.allow(h, key, n, now)
+	}
+	r, c := &t.rules[0], &e.c0
+	w := word(c.word.Load())
+	win := c.win.Load()
+	el := now - win*r.w
+	if w.rolling() || uint64(el) >= uint64(r.w) {
+		return t.allow(h, key, n, now)
+	}
+	prev, cur := c.prev.Load(), c.base.Load()+w.count()
+	est := r.estimate(prev, cur, el)
+	if !r.admits(est, n) || !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
+		return t.allow(h, key, n, now)
+	}
+	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
+		switch t.committed1(e, w.plus(n), win, n, now) {
+		case retry:
+			return t.allow(h, key, n, now)
+		case closed:
+			return Decision{}, Closed
+		}
+	}
+	e.seen(now)
+	t.count(e).allowed.Add(1)
+	if t.syncing {
+		t.touch(e)
+	}
+	return Decision{Allowed: true, Remaining: r.remaining(est + float64(n)), ResetAfter: r.resetAfter(prev, cur+n, el)}, Decided
+}
+
+// allow is Allow for any table and case.
+func (t *Table) allow(h uint64, key string, n, now int64) (Decision, Status) {
 	if t.closed.Load() {
 		return Decision{}, Closed
 	}
-	k := t.hash(key)
 	for {
-		e := t.loadOrCreate(k, now)
+		e := t.loadOrCreate(h, key, now)
 		if e == nil {
 			if t.closed.Load() {
 				return Decision{}, Closed
@@ -108,11 +152,12 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 		e.mu.Lock()
 		i, ok := t.logAdmits(e, n, now, &d)
 		if ok {
-			if e.log == nil {
-				e.log = newLogRing(t.logCap)
+			x := e.ext()
+			if x.log == nil {
+				x.log = newLogRing(t.logCap)
 			}
-			e.log.prune(now - t.longestLog())
-			e.log.push(now, n)
+			x.log.prune(now - t.longestLog())
+			x.log.push(now, n)
 			res.log = true
 		}
 		e.mu.Unlock()
@@ -129,7 +174,7 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 		return Decision{}, closed
 	}
 	e.seen(now)
-	e.allowed.Add(1)
+	t.count(e).allowed.Add(1)
 	if t.syncing {
 		t.touch(e)
 	}
@@ -160,8 +205,8 @@ func (t *Table) logAdmits(e *Entry, n, now int64, d *Decision) (int, bool) {
 			continue
 		}
 		var c Counts
-		if e.log != nil {
-			c = e.log.counts(r, now, n)
+		if x := e.x.Load(); x != nil && x.log != nil {
+			c = x.log.counts(r, now, n)
 		}
 		if !r.Admits(c, n) {
 			return i, false
@@ -192,7 +237,7 @@ func (t *Table) longestLog() int64 {
 // still admits (−1 when it does not apply). buf holds a Buckets rule's
 // counts.
 func (t *Table) reserveWord(e *Entry, i int, n, now int64, res *reserved, buf []int64) (Counts, outcome, int64) {
-	r, c := &t.rules[i], &e.c[i]
+	r, c := &t.rules[i], e.ctr(i)
 	for {
 		w := word(c.word.Load())
 		if w.rolling() {
@@ -243,7 +288,7 @@ func (t *Table) reserveWord(e *Entry, i int, n, now int64, res *reserved, buf []
 // too, for Sliding and Fixed), and what the share policy admits before the
 // request (−1 when it does not apply).
 func (t *Table) counts(e *Entry, i int, w word, win, el, now, n int64, buf []int64) (Counts, bool, int64) {
-	r, c := &t.rules[i], &e.c[i]
+	r, c := &t.rules[i], e.ctr(i)
 	cur := c.base.Load() + w.count()
 	switch r.kind {
 	case Buckets:
@@ -277,7 +322,7 @@ func (t *Table) counts(e *Entry, i int, w word, win, el, now, n int64, buf []int
 func (t *Table) bucketCounts(e *Entry, i int, win, cur int64, buf []int64) []int64 {
 	r := &t.rules[i]
 	b := buf[:r.span]
-	h := e.hist[t.histOff[i] : t.histOff[i]+int(r.span)]
+	h := e.x.Load().hist[t.histOff[i] : t.histOff[i]+int(r.span)]
 	for k := range r.span - 1 {
 		id := win - r.span + 1 + k
 		s := &h[id%r.span]
@@ -296,7 +341,7 @@ func (t *Table) bucketCounts(e *Entry, i int, win, cur int64, buf []int64) []int
 // not sync, whose arrival time lives in the counter's base), and returns
 // its counts after the request.
 func (t *Table) reserveTat(e *Entry, i int, n, now int64) (Counts, outcome) {
-	r, c := &t.rules[i], &e.c[i]
+	r, c := &t.rules[i], e.ctr(i)
 	for {
 		tat := c.base.Load()
 		ahead := tat - now
@@ -331,7 +376,7 @@ func (t *Table) refuse(e *Entry, denied int, res *reserved, n, now int64) {
 		t.undoAll(e, res, n, now)
 	}
 	e.seen(now)
-	e.denied.Add(1)
+	t.count(e).denied.Add(1)
 	if t.syncing {
 		// A node that only denies still needs the cluster's counts of the
 		// key, to learn when others' admissions slide out.
@@ -352,16 +397,17 @@ func (t *Table) firstLog() int {
 func (t *Table) logCharge(e *Entry, n, now int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.log == nil {
-		e.log = newLogRing(t.logCap)
+	x := e.ext()
+	if x.log == nil {
+		x.log = newLogRing(t.logCap)
 	}
-	e.log.prune(now - t.longestLog())
-	e.log.push(now, n)
+	x.log.prune(now - t.longestLog())
+	x.log.push(now, n)
 }
 
 // charge adds n to rule i of e unconditionally (CountDenied).
 func (t *Table) charge(e *Entry, i int, n, now int64) {
-	r, c := &t.rules[i], &e.c[i]
+	r, c := &t.rules[i], e.ctr(i)
 	if (r.kind == GCRA || r.kind == Leaky) && !t.syncing {
 		for {
 			tat := c.base.Load()
@@ -395,14 +441,14 @@ func (t *Table) undoAll(e *Entry, res *reserved, n, now int64) {
 		switch {
 		case t.rules[i].kind == Log:
 		case res.tats[i]:
-			e.c[i].base.Add(-n * t.rules[i].t)
+			e.ctr(i).base.Add(-n * t.rules[i].t)
 		default:
 			t.undo(e, i, res.words[i], res.wins[i], n)
 		}
 	}
 	if res.log {
 		e.mu.Lock()
-		e.log.remove(now, n)
+		e.x.Load().log.remove(now, n)
 		e.mu.Unlock()
 	}
 }
@@ -413,7 +459,7 @@ func (t *Table) undoAll(e *Entry, res *reserved, n, now int64) {
 // subtracted there; otherwise a take or a rollover moved it, and it is
 // taken back where it went.
 func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
-	c := &e.c[i]
+	c := e.ctr(i)
 	for {
 		cur := word(c.word.Load())
 		if cur.rolling() {
@@ -432,7 +478,7 @@ func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
 	switch c.win.Load() {
 	case win: // taken by the sync loop (only it moves the word in a window): push −n next
 		if t.syncing {
-			e.s[i].adj -= n
+			t.sync(e, i).adj -= n
 			c.base.Add(-n)
 		}
 	case win + 1: // rolled over: the increment now counts in the previous window
@@ -441,7 +487,7 @@ func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
 			t.histAdd(e, i, win, -n)
 		}
 		if t.syncing {
-			e.s[i].prevPending -= n
+			t.sync(e, i).prevPending -= n
 		}
 	}
 }
@@ -449,7 +495,7 @@ func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
 // histAdd adds d to the closed bucket id of rule i, if it is kept. Call
 // with e.mu held.
 func (t *Table) histAdd(e *Entry, i int, id, d int64) {
-	s := &e.hist[t.histOff[i]+int(id%t.rules[i].span)]
+	s := &e.x.Load().hist[t.histOff[i]+int(id%t.rules[i].span)]
 	if s.id.Load() == id {
 		s.n.Add(d)
 	}
@@ -470,7 +516,7 @@ func (t *Table) roll(e *Entry, i int, id, now int64) bool {
 // rollLocked moves rule i of e to window id if it is behind. Call with
 // e.mu held.
 func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
-	c := &e.c[i]
+	c := e.ctr(i)
 	old := c.win.Load()
 	if old >= id {
 		return
@@ -484,12 +530,12 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 		c.prev.Store(0)
 	}
 	if r := &t.rules[i]; r.kind == Buckets {
-		s := &e.hist[t.histOff[i]+int(old%r.span)]
+		s := &e.x.Load().hist[t.histOff[i]+int(old%r.span)]
 		s.id.Store(old)
 		s.n.Store(total)
 	}
 	if t.syncing {
-		s := &e.s[i]
+		s := t.sync(e, i)
 		// What this node still owes the window that stops being the
 		// previous one is pushed later, as stale.
 		dropped := s.stash(old-1, s.prevPending)
@@ -535,7 +581,7 @@ func (t *Table) closedAfterCommit(e *Entry, res *reserved, n, now int64) bool {
 			if t.rules[i].kind == Log {
 				continue
 			}
-			if word(e.c[i].word.Load()).gen() != res.words[i].gen() {
+			if word(e.ctr(i).word.Load()).gen() != res.words[i].gen() {
 				e.mu.Unlock()
 				return false
 			}
