@@ -90,7 +90,12 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 	if l.cfg.FailurePolicy == FailClosed && l.loop != nil && l.loop.Failing() && l.loop.KeyFailing(key) {
 		return l.failClosed(), nil
 	}
-	d, st := l.table.Allow(key, n, l.clock.now())
+	now := l.clock.now()
+	if rem, reset, ok := l.table.Allow1(key, n, now); ok {
+		r := &l.cfg.Rules[0]
+		return Result{Allowed: true, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset)}, nil
+	}
+	d, st := l.table.Allow(key, n, now)
 	if st != local.Decided {
 		return l.undecided(st, n)
 	}

@@ -30,40 +30,42 @@ const (
 // now and, when every rule admits it, counts it on every rule. It takes no
 // lock, except for a rollover (once per key and rule per window) and for
 // Log rules.
-//
-// Its body is the common case of a table of one Sliding or Fixed rule
-// without the share policy, written out in one function: a tracked key
-// found at its first slot, in the counter's window, admitted at the
-// first compare-and-swap. Everything else, and every denial, goes to
-// allow, which decides from the start.
 func (t *Table) Allow(key string, n, now int64) (Decision, Status) {
-	h := t.hash(key)
+	return t.allow(t.hash(key), key, n, now)
+}
+
+// Allow1 is the common case of Allow alone, written out in one function
+// that returns what a decision of it needs in registers: a table of one
+// Sliding or Fixed rule without the share policy, a tracked key found at
+// its first slot, in the counter's window, admitted at the first
+// compare-and-swap. When ok, the request was admitted and counted, and
+// rule 0 has remaining and resetAfter (ns) after it. Otherwise nothing
+// was counted: call Allow, which decides from the start.
+func (t *Table) Allow1(key string, n, now int64) (remaining, resetAfter int64, ok bool) {
 	if !t.fast || t.closed.Load() {
-		return t.allow(h, key, n, now)
+		return 0, 0, false
 	}
+	h := t.hash(key)
 	sl := t.shardOf(h).tab.Load().e
 	e := sl[h&uint64(len(sl)-1)].Load()
 	if e == nil || e.key != key {
-		return t.allow(h, key, n, now)
+		return 0, 0, false
 	}
 	r, c := &t.rules[0], &e.c0
 	w := word(c.word.Load())
 	win := c.win.Load()
 	el := now - win*r.w
 	if w.rolling() || uint64(el) >= uint64(r.w) {
-		return t.allow(h, key, n, now)
+		return 0, 0, false
 	}
 	prev, cur := c.prev.Load(), c.base.Load()+w.count()
 	est := r.estimate(prev, cur, el)
 	if !r.admits(est, n) || !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
-		return t.allow(h, key, n, now)
+		return 0, 0, false
 	}
 	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
-		switch t.committed1(e, w.plus(n), win, n, now) {
-		case retry:
-			return t.allow(h, key, n, now)
-		case closed:
-			return Decision{}, Closed
+		if t.committed1(e, w.plus(n), win, n, now) != admitted {
+			return 0, 0, false // taken back: Allow retries on a fresh entry, or finds the table closed
 		}
 	}
 	e.seen(now)
@@ -71,7 +73,7 @@ func (t *Table) Allow(key string, n, now int64) (Decision, Status) {
 	if t.syncing {
 		t.touch(e)
 	}
-	return Decision{Allowed: true, Remaining: r.remaining(est + float64(n)), ResetAfter: r.resetAfter(prev, cur+n, el)}, Decided
+	return r.remaining(est + float64(n)), r.resetAfter(prev, cur+n, el), true
 }
 
 // allow is Allow for any table and case.
