@@ -91,9 +91,9 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 		return l.failClosed(), nil
 	}
 	now := l.clock.now()
-	if rem, reset, ok := l.table.Allow1(key, n, now); ok {
-		r := &l.cfg.Rules[0]
-		return Result{Allowed: true, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset)}, nil
+	if i, rem, reset, ok := l.table.Allow1(key, n, now); ok {
+		r := &l.cfg.Rules[i]
+		return Result{Allowed: true, Rule: i, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset)}, nil
 	}
 	d, st := l.table.Allow(key, n, now)
 	if st != local.Decided {

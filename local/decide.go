@@ -34,38 +34,43 @@ func (t *Table) Allow(key string, n, now int64) (Decision, Status) {
 	return t.allow(t.hash(key), key, n, now)
 }
 
-// Allow1 is the common case of Allow alone, written out in one function
-// that returns what a decision of it needs in registers: a table of one
-// Sliding or Fixed rule without the share policy, a tracked key found at
-// its first slot, in the counter's window, admitted at the first
-// compare-and-swap. When ok, the request was admitted and counted, and
-// rule 0 has remaining and resetAfter (ns) after it. Otherwise nothing
-// was counted: call Allow, which decides from the start.
-func (t *Table) Allow1(key string, n, now int64) (remaining, resetAfter int64, ok bool) {
-	if !t.fast || t.closed.Load() {
-		return 0, 0, false
+// Allow1 is the common case of Allow alone, written out so that it
+// returns what a decision needs in registers: a table of one to four
+// Sliding or Fixed rules without the share policy, a tracked key found at
+// its first slot, every counter in its window, admitted at the first
+// compare-and-swap of each. When ok, the request was admitted and counted,
+// and rule, the tightest rule, has remaining and resetAfter (ns) after it.
+// Otherwise nothing was counted: call Allow, which decides from the start.
+func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfter int64, ok bool) {
+	if t.fast == 0 || t.closed.Load() {
+		return 0, 0, 0, false
 	}
 	h := t.hash(key)
 	sl := t.shardOf(h).tab.Load().e
 	e := sl[h&uint64(len(sl)-1)].Load()
 	if e == nil || e.key != key {
-		return 0, 0, false
+		return 0, 0, 0, false
+	}
+	if t.fast > 1 {
+		return t.allowWindows(e, n, now)
 	}
 	r, c := &t.rules[0], &e.c0
 	w := word(c.word.Load())
 	win := c.win.Load()
 	el := now - win*r.w
 	if w.rolling() || uint64(el) >= uint64(r.w) {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	prev, cur := c.prev.Load(), c.base.Load()+w.count()
 	est := r.estimate(prev, cur, el)
 	if !r.admits(est, n) || !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
-		if t.committed1(e, w.plus(n), win, n, now) != admitted {
-			return 0, 0, false // taken back: Allow retries on a fresh entry, or finds the table closed
+		res := reserved{upto: 1}
+		res.words[0], res.wins[0] = w.plus(n), win
+		if t.committed(e, &res, n, now) != admitted {
+			return 0, 0, 0, false // taken back: Allow retries on a fresh entry, or finds the table closed
 		}
 	}
 	e.seen(now)
@@ -73,7 +78,67 @@ func (t *Table) Allow1(key string, n, now int64) (remaining, resetAfter int64, o
 	if t.syncing {
 		t.touch(e)
 	}
-	return r.remaining(est + float64(n)), r.resetAfter(prev, cur+n, el), true
+	return 0, r.remaining(est + float64(n)), r.resetAfter(prev, cur+n, el), true
+}
+
+// allowWindows is Allow1 for two to four rules: each rule is checked and
+// counted in turn, as decide does; when one cannot be, the rules before it
+// are taken back.
+func (t *Table) allowWindows(e *Entry, n, now int64) (rule int, remaining, resetAfter int64, ok bool) {
+	var words [4]word
+	var wins [4]int64
+	remaining = math.MaxInt64
+	for i := range t.rules {
+		nw, win, rem, reset, ok := t.rules[i].take(e.ctr(i), n, now)
+		if !ok {
+			for j := range i {
+				t.undo(e, j, words[j&3], wins[j&3], n)
+			}
+			return 0, 0, 0, false
+		}
+		words[i&3], wins[i&3] = nw, win
+		if rem < remaining { // as decide's fold: the first of the least remaining
+			rule, remaining, resetAfter = i, rem, reset
+		}
+	}
+	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
+		res := reserved{upto: len(t.rules)}
+		copy(res.words[:], words[:])
+		copy(res.wins[:], wins[:])
+		if t.committed(e, &res, n, now) != admitted {
+			return 0, 0, 0, false
+		}
+	}
+	e.seen(now)
+	t.count(e).allowed.Add(1)
+	if t.syncing {
+		t.touch(e)
+	}
+	return rule, remaining, resetAfter, true
+}
+
+// take counts a request of cost n at now on c, a Sliding or Fixed rule's
+// counter, if it is in its window and the rule admits the request, with
+// one compare-and-swap, and returns the word committed, its window, and
+// what the rule still admits after the request and when it resets (as
+// decide's fold computes them). It reports false, counting nothing,
+// otherwise.
+func (r *Rule) take(c *counter, n, now int64) (nw word, win, remaining, resetAfter int64, ok bool) {
+	w := word(c.word.Load())
+	win = c.win.Load()
+	el := now - win*r.w
+	if w.rolling() || uint64(el) >= uint64(r.w) {
+		return 0, 0, 0, 0, false
+	}
+	prev, cur := c.prev.Load(), c.base.Load()+w.count()
+	if !r.admitsWindow(prev, cur, el, n) {
+		return 0, 0, 0, 0, false
+	}
+	nw = w.plus(n)
+	if !c.word.CompareAndSwap(uint64(w), uint64(nw)) {
+		return 0, 0, 0, 0, false
+	}
+	return nw, win, r.remaining(r.estimate(prev, cur+n, el)), r.resetAfter(prev, cur+n, el), true
 }
 
 // allow is Allow for any table and case.

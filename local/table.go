@@ -86,7 +86,7 @@ type Table struct {
 	rng *rand.Rand // the share policy's dither; used by Settle only, one at a time
 
 	simple  bool  // one Sliding or Fixed rule: the short decision path
-	fast    bool  // simple, without the share policy: Allow's own path
+	fast    int   // rules Allow1 decides: 1 to 4 Sliding or Fixed rules without the share policy; 0 otherwise
 	histOff []int // per rule: its first slot in Entry.hist (Buckets)
 	hist    int   // Entry.hist's length
 	logCap  int64 // the largest Log limit: the ring's length; 0 without Log rules
@@ -127,7 +127,14 @@ func NewTable(o Options) *Table {
 		}
 	}
 	t.simple = len(t.rules) == 1 && (t.rules[0].kind == Sliding || t.rules[0].kind == Fixed)
-	t.fast = t.simple && !t.share
+	if len(t.rules) <= 4 && !t.share {
+		t.fast = len(t.rules)
+		for i := range t.rules {
+			if k := t.rules[i].kind; k != Sliding && k != Fixed {
+				t.fast = 0
+			}
+		}
+	}
 	seed := o.Seed
 	if seed == 0 {
 		seed = rand.Uint64()

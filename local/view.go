@@ -47,7 +47,9 @@ func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
 			continue
 		}
 		if e.has(flagDead) || (t.syncing && t.closed.Load()) {
-			if o := t.committed1(e, nw, win, n, now); o != admitted {
+			res := reserved{upto: 1}
+			res.words[0], res.wins[0] = nw, win
+			if o := t.committed(e, &res, n, now); o != admitted {
 				return Decision{}, o
 			}
 		}
@@ -60,18 +62,16 @@ func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
 	}
 }
 
-// committed1 finishes a one-rule decision that committed its word as nw in
-// window win and then found e dead or the table closed: it takes the
-// increment back and reports retry or closed, or reports admitted when the
-// final flush took it.
-func (t *Table) committed1(e *Entry, nw word, win, n, now int64) outcome {
-	res := reserved{upto: 1}
-	res.words[0], res.wins[0] = nw, win
+// committed finishes a decision that committed what res holds and then
+// found e dead or the table closed: it takes the increments back and
+// reports retry or closed, or reports admitted when the final flush took
+// them.
+func (t *Table) committed(e *Entry, res *reserved, n, now int64) outcome {
 	if e.has(flagDead) {
-		t.undoAll(e, &res, n, now)
+		t.undoAll(e, res, n, now)
 		return retry
 	}
-	if t.closedAfterCommit(e, &res, n, now) {
+	if t.closedAfterCommit(e, res, n, now) {
 		return closed
 	}
 	return admitted
