@@ -126,7 +126,10 @@ type Entry struct {
 
 // entryExt is the part of an entry that only some rules need.
 type entryExt struct {
-	hist []histSlot // Buckets rules' closed buckets (see Table.histOff); set at creation
+	// hist holds, per Buckets rule, its closed buckets and then the sum of
+	// those in the current window (see Table.histOff, Table.closedSum);
+	// set at creation.
+	hist []histSlot
 	log  *logRing   // Log rules' instants, created on the first admission; guarded by mu
 	obs  []observed // per rule, the synchronous mode's view of Log rules; guarded by mu
 }

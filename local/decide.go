@@ -1,6 +1,9 @@
 package local
 
-import "math"
+import (
+	"math"
+	"sync/atomic"
+)
 
 // Status says how a decision ended, besides its Decision.
 type Status uint8
@@ -252,7 +255,15 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 // rule is described, and the longest delay kept. shareRem, when not
 // negative, is what the share policy still admits.
 func (d *Decision) fold(r *Rule, i int, c *Counts, n, shareRem int64) {
-	rem, _, reset, delay := r.describe(c, n, true, 1)
+	var rem, reset, delay int64
+	if r.kind == Buckets && c.Buckets == nil {
+		// A running sum (counts): Cur is the window's total after the
+		// request, which the current bucket holds some of, so the rule is
+		// back to its full limit when that bucket leaves the window.
+		rem, reset = max(r.limit-c.Cur, 0), r.span*r.w-c.Elapsed
+	} else {
+		rem, _, reset, delay = r.describe(c, n, true, 1)
+	}
 	if shareRem >= 0 {
 		rem = min(rem, shareRem)
 	}
@@ -335,10 +346,12 @@ func (t *Table) reserveWord(e *Entry, i int, n, now int64, res *reserved, buf []
 			continue
 		}
 		res.words[i], res.wins[i] = nw, win
-		switch r.kind {
-		case Buckets:
+		switch {
+		case r.kind == Buckets && cts.Buckets == nil:
+			cts.Cur += n
+		case r.kind == Buckets:
 			cts.Buckets[len(cts.Buckets)-1] += n
-		case GCRA, Leaky:
+		case r.kind == GCRA, r.kind == Leaky:
 			cts.Tat = max(cts.Tat, 0) + n*r.t
 		default:
 			cts.Cur += n
@@ -359,6 +372,12 @@ func (t *Table) counts(e *Entry, i int, w word, win, el, now, n int64, buf []int
 	cur := c.base.Load() + w.count()
 	switch r.kind {
 	case Buckets:
+		if !t.share {
+			// The running sum of the closed buckets: Cur is the window's
+			// total, Buckets is nil (fold reads it so).
+			sum := t.closedSum(e, i).Load() + cur
+			return Counts{Cur: sum, Elapsed: el}, sum+n <= r.limit, -1
+		}
 		b := t.bucketCounts(e, i, win, cur, buf)
 		ok := r.bucketSum(b)+n <= r.limit
 		if ok && t.share {
@@ -565,7 +584,38 @@ func (t *Table) histAdd(e *Entry, i int, id, d int64) {
 	s := &e.x.Load().hist[t.histOff[i]+int(id%t.rules[i].span)]
 	if s.id.Load() == id {
 		s.n.Add(d)
+		if t.inWindow(e, i, id) {
+			t.closedSum(e, i).Add(d)
+		}
 	}
+}
+
+// closedSum returns the running sum of rule i's closed buckets in its
+// counter's current window (Buckets). It changes under e.mu only.
+func (t *Table) closedSum(e *Entry, i int) *atomic.Int64 {
+	return &e.x.Load().hist[t.histOff[i]+int(t.rules[i].span)].n
+}
+
+// inWindow reports whether the closed bucket id of rule i is in its
+// counter's current window. Call with e.mu held.
+func (t *Table) inWindow(e *Entry, i int, id int64) bool {
+	win := e.ctr(i).win.Load()
+	return win-t.rules[i].span < id && id < win
+}
+
+// resum recomputes rule i's running sum of closed buckets from its slots.
+// Call with e.mu held.
+func (t *Table) resum(e *Entry, i int) {
+	r := &t.rules[i]
+	h := e.x.Load().hist[t.histOff[i] : t.histOff[i]+int(r.span)]
+	win := e.ctr(i).win.Load()
+	sum := int64(0)
+	for id := win - r.span + 1; id < win; id++ {
+		if s := &h[id%r.span]; s.id.Load() == id {
+			sum += s.n.Load()
+		}
+	}
+	t.closedSum(e, i).Store(sum)
 }
 
 // roll moves rule i of e to window id if it is behind it, and reports
@@ -596,8 +646,9 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 	} else {
 		c.prev.Store(0)
 	}
-	if r := &t.rules[i]; r.kind == Buckets {
-		s := &e.x.Load().hist[t.histOff[i]+int(old%r.span)]
+	buckets := t.rules[i].kind == Buckets
+	if buckets {
+		s := &e.x.Load().hist[t.histOff[i]+int(old%t.rules[i].span)]
 		s.id.Store(old)
 		s.n.Store(total)
 	}
@@ -618,6 +669,9 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 	}
 	c.base.Store(0)
 	c.win.Store(id)
+	if buckets {
+		t.resum(e, i) // before the word: a decision that reads it reads the sum of its window
+	}
 	c.word.Store(uint64(w.next()))
 }
 

@@ -129,8 +129,15 @@ func (t *Table) settleShares(e *Entry, now int64, pushes []Push, totals []int64)
 // histSet sets the closed bucket id of rule i to n. Call with e.mu held.
 func (t *Table) histSet(e *Entry, i int, id, n int64) {
 	s := &e.x.Load().hist[t.histOff[i]+int(id%t.rules[i].span)]
+	sum := t.closedSum(e, i)
+	if old := s.id.Load(); t.inWindow(e, i, old) {
+		sum.Add(-s.n.Load())
+	}
 	s.id.Store(id)
 	s.n.Store(n)
+	if t.inWindow(e, i, id) {
+		sum.Add(n)
+	}
 }
 
 // Release hands back to e the increments of pushes that the store did not

@@ -87,7 +87,7 @@ type Table struct {
 
 	simple  bool  // one Sliding or Fixed rule: the short decision path
 	fast    int   // rules Allow1 decides: 1 to 4 Sliding or Fixed rules without the share policy; 0 otherwise
-	histOff []int // per rule: its first slot in Entry.hist (Buckets)
+	histOff []int // per rule: its first slot in Entry.hist (Buckets), followed by its sum slot
 	hist    int   // Entry.hist's length
 	logCap  int64 // the largest Log limit: the ring's length; 0 without Log rules
 	logs    bool  // some rule is a Log
@@ -121,7 +121,7 @@ func NewTable(o Options) *Table {
 		t.histOff = append(t.histOff, t.hist)
 		switch r.kind {
 		case Buckets:
-			t.hist += int(r.span)
+			t.hist += int(r.span) + 1
 		case Log:
 			t.logs, t.logCap = true, max(t.logCap, r.limit)
 		}
