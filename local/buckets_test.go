@@ -15,11 +15,13 @@ import (
 // full bucket scan.
 func TestBucketSumFollowsTheSlots(t *testing.T) {
 	const span = 5
-	rules := []Rule{
-		NewRule(Spec{Kind: Buckets, Limit: 40, Window: time.Duration(span * w), Buckets: span}),
-		NewRule(Spec{Kind: Sliding, Limit: 1000, Window: time.Duration(w)}),
-	}
-	for _, syncing := range []bool{false, true} {
+	buckets := NewRule(Spec{Kind: Buckets, Limit: 40, Window: time.Duration(span * w), Buckets: span})
+	sliding := NewRule(Spec{Kind: Sliding, Limit: 1000, Window: time.Duration(w)})
+	for k := range 4 {
+		rules, syncing := []Rule{buckets, sliding}, k%2 == 1
+		if k >= 2 {
+			rules = rules[:1]
+		}
 		tb := NewTable(Options{Rules: rules, MaxKeys: 10, Syncing: syncing, ReadPrev: 3 * w, CountDenied: !syncing})
 		rng := rand.New(rand.NewPCG(1, 2))
 		now := 10 * span * w
@@ -58,18 +60,20 @@ func TestBucketSumFollowsTheSlots(t *testing.T) {
 				n := int64(1 + rng.IntN(4))
 				// The full scan of the buckets (views) predicts the
 				// decision and describes it alike.
-				var before, after [2]Counts
+				before, after := make([]Counts, len(rules)), make([]Counts, len(rules))
 				want := true
 				if e := tb.load(tb.hash("k"), "k"); e != nil {
-					tb.views(e, now, n, before[:])
-					want = rules[0].Admits(before[0], n) && rules[1].Admits(before[1], n)
+					tb.views(e, now, n, before)
+					for i := range rules {
+						want = want && rules[i].Admits(before[i], n)
+					}
 				}
 				d, st := tb.Allow("k", n, now)
 				require.Equal(t, Decided, st)
 				require.Equal(t, want, d.Allowed, "step %d", step)
 				if d.Allowed {
-					tb.views(tb.load(tb.hash("k"), "k"), now, n, after[:])
-					s := Summarize(rules, after[:], n, true, 1)
+					tb.views(tb.load(tb.hash("k"), "k"), now, n, after)
+					s := Summarize(rules, after, n, true, 1)
 					require.Equal(t, s, d, "step %d", step)
 				}
 			}

@@ -39,9 +39,9 @@ func (t *Table) Allow(key string, n, now int64) (Decision, Status) {
 
 // Allow1 is the common case of Allow alone, written out so that it
 // returns what a decision needs in registers: a table of one to four
-// Sliding or Fixed rules without the share policy, a tracked key found at
-// its first slot, every counter in its window, admitted at the first
-// compare-and-swap of each. When ok, the request was admitted and counted,
+// Sliding, Fixed or Buckets rules without the share policy, a tracked key
+// found at its first slot, every counter in its window, admitted at the
+// first compare-and-swap of each. When ok, the request was admitted and counted,
 // and rule, the tightest rule, has remaining and resetAfter (ns) after it.
 // Otherwise nothing was counted: call Allow, which decides from the start.
 func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfter int64, ok bool) {
@@ -54,7 +54,7 @@ func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfte
 	if e == nil || e.key != key {
 		return 0, 0, 0, false
 	}
-	if t.fast > 1 {
+	if t.fast == 2 {
 		return t.allowWindows(e, n, now)
 	}
 	r, c := &t.rules[0], &e.c0
@@ -84,7 +84,7 @@ func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfte
 	return 0, r.remaining(est + float64(n)), r.resetAfter(prev, cur+n, el), true
 }
 
-// allowWindows is Allow1 for two to four rules: each rule is checked and
+// allowWindows is Allow1 for several rules, or Buckets: each rule is checked and
 // counted in turn, as decide does; when one cannot be, the rules before it
 // are taken back.
 func (t *Table) allowWindows(e *Entry, n, now int64) (rule int, remaining, resetAfter int64, ok bool) {
@@ -92,7 +92,14 @@ func (t *Table) allowWindows(e *Entry, n, now int64) (rule int, remaining, reset
 	var wins [4]int64
 	remaining = math.MaxInt64
 	for i := range t.rules {
-		nw, win, rem, reset, ok := t.rules[i].take(e.ctr(i), n, now)
+		var nw word
+		var win, rem, reset int64
+		var ok bool
+		if r := &t.rules[i]; r.kind == Buckets {
+			nw, win, rem, reset, ok = r.takeBuckets(e.ctr(i), t.closedSum(e, i), n, now)
+		} else {
+			nw, win, rem, reset, ok = r.take(e.ctr(i), n, now)
+		}
 		if !ok {
 			for j := range i {
 				t.undo(e, j, words[j&3], wins[j&3], n)
@@ -142,6 +149,25 @@ func (r *Rule) take(c *counter, n, now int64) (nw word, win, remaining, resetAft
 		return 0, 0, 0, 0, false
 	}
 	return nw, win, r.remaining(r.estimate(prev, cur+n, el)), r.resetAfter(prev, cur+n, el), true
+}
+
+// takeBuckets is take for a Buckets rule, whose closed buckets in the
+// counter's window sum to sum.
+func (r *Rule) takeBuckets(c *counter, sum *atomic.Int64, n, now int64) (nw word, win, remaining, resetAfter int64, ok bool) {
+	w := word(c.word.Load())
+	win = c.win.Load()
+	el := now - win*r.w
+	if w.rolling() || uint64(el) >= uint64(r.w) {
+		return 0, 0, 0, 0, false
+	}
+	total := sum.Load() + c.base.Load() + w.count() + n
+	nw = w.plus(n)
+	if total > r.limit || !c.word.CompareAndSwap(uint64(w), uint64(nw)) {
+		return 0, 0, 0, 0, false
+	}
+	// As fold for a running sum: the current bucket holds some of the
+	// total, so the rule resets when it leaves the window.
+	return nw, win, max(r.limit-total, 0), r.span*r.w - el, true
 }
 
 // allow is Allow for any table and case.

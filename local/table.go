@@ -85,8 +85,11 @@ type Table struct {
 
 	rng *rand.Rand // the share policy's dither; used by Settle only, one at a time
 
-	simple  bool  // one Sliding or Fixed rule: the short decision path
-	fast    int   // rules Allow1 decides: 1 to 4 Sliding or Fixed rules without the share policy; 0 otherwise
+	simple bool // one Sliding or Fixed rule: the short decision path
+	// fast selects Allow1's path: 1 for one Sliding or Fixed rule
+	// (decide1's), 2 for up to 4 Sliding, Fixed or Buckets rules
+	// (decide's), 0 for none (the share policy, or other rules).
+	fast    int
 	histOff []int // per rule: its first slot in Entry.hist (Buckets), followed by its sum slot
 	hist    int   // Entry.hist's length
 	logCap  int64 // the largest Log limit: the ring's length; 0 without Log rules
@@ -128,11 +131,14 @@ func NewTable(o Options) *Table {
 	}
 	t.simple = len(t.rules) == 1 && (t.rules[0].kind == Sliding || t.rules[0].kind == Fixed)
 	if len(t.rules) <= 4 && !t.share {
-		t.fast = len(t.rules)
+		t.fast = 2
 		for i := range t.rules {
-			if k := t.rules[i].kind; k != Sliding && k != Fixed {
+			if !t.rules[i].counted() {
 				t.fast = 0
 			}
+		}
+		if t.simple {
+			t.fast = 1
 		}
 	}
 	seed := o.Seed
