@@ -31,14 +31,22 @@ type Options struct {
 	Seed uint64
 }
 
-// shardKeys is the number of keys per shard the table aims for: a shard's
-// slots grow by copying, which blocks the creation of keys in that shard
-// (not decisions on tracked keys) for the length of the copy, so small
-// shards keep a flood of new keys from stalling decisions.
-const shardKeys = 16 << 10
+// shardKeys is the number of keys per shard the table aims for at
+// MaxKeys, up to maxShards shards: a shard's slots grow by copying, which
+// blocks the creation of keys in that shard (not decisions on tracked
+// keys) for the length of the copy, so small shards keep a flood of new
+// keys from stalling decisions. A shard costs 64 bytes until its first key.
+const (
+	shardKeys = 1 << 10
+	maxShards = 4 << 10
+)
 
-// minSlots is a shard's least number of slots.
+// minSlots is the number of slots of a shard's first slot array.
 const minSlots = 16
+
+// noSlots is every shard's slot array until its first key: one empty
+// slot, which makes the first creation grow it.
+var noSlots = &slots{e: make([]atomic.Pointer[Entry], 1), h: make([]uint32, 1)}
 
 // shard is one part of the table's map: an open-addressing hash table of
 // entries with linear probing, read without locks, written under mu.
@@ -56,6 +64,7 @@ type shard struct {
 // never written again.
 type slots struct {
 	e []atomic.Pointer[Entry]
+	h []uint32 // the low half of each entry's hash, for grow; guarded by the shard's mutex
 }
 
 // tomb marks a removed entry's slot. Its key is empty, which no user key
@@ -148,13 +157,13 @@ func NewTable(o Options) *Table {
 	t.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	t.seed = uintptr(rand.Uint64())
 	n := 1
-	for n < 256 && int64(n)*shardKeys < t.maxKeys {
+	for n < maxShards && int64(n)*shardKeys < t.maxKeys {
 		n *= 2
 	}
 	t.shift = uint(64 - bits.TrailingZeros(uint(n)))
 	t.shards = make([]shard, n)
 	for i := range t.shards {
-		t.shards[i].tab.Store(&slots{e: make([]atomic.Pointer[Entry], minSlots)})
+		t.shards[i].tab.Store(noSlots)
 	}
 	t.alloc, t.syncOff = entryAlloc(len(t.rules), t.syncing)
 	return t
@@ -209,28 +218,36 @@ func (t *Table) loadOrCreate(h uint64, key string, now int64) *Entry {
 }
 
 func (t *Table) create(h uint64, key string, now int64) *Entry {
+	// Allocate before taking the shard's mutex: an allocation may have to
+	// help the GC, and others wait for the mutex meanwhile. The entry is
+	// dropped if the key turns out to exist.
+	var x *Entry
+	if t.keys.Load() < t.maxKeys {
+		x = t.scratch(key, now)
+	}
 	s := t.shardOf(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.tab.Load().e
+	tab := s.tab.Load()
+	e := tab.e
 	m := uint64(len(e) - 1)
 	free, empty := -1, false // the slot to fill; whether it is empty (not a tombstone)
 	for i := h; ; i++ {
-		x := e[i&m].Load()
-		if x == nil {
+		y := e[i&m].Load()
+		if y == nil {
 			if free < 0 {
 				free, empty = int(i&m), true
 			}
 			break
 		}
-		if x == tomb {
+		if y == tomb {
 			if free < 0 {
 				free = int(i & m)
 			}
 			continue
 		}
-		if x.key == key {
-			return x
+		if y.key == key {
+			return y
 		}
 	}
 	// Checked under the shard's mutex, which Entries takes: see Close.
@@ -241,45 +258,51 @@ func (t *Table) create(h uint64, key string, now int64) *Entry {
 		t.keys.Add(-1)
 		return nil
 	}
-	x := t.scratch(key, now)
+	if x == nil {
+		x = t.scratch(key, now)
+	}
 	s.live++
 	t.entries.Add(1)
 	if empty {
 		s.used++
 	}
 	if s.used > len(e)/4*3 {
-		s.grow(t, x, h)
+		s.grow(x, h)
 		return x
 	}
+	tab.h[free] = uint32(h)
 	e[free].Store(x)
 	return x
 }
 
 // grow replaces s's slots by an array at most half full after adding x,
-// of hash h, and publishes them with x in. Call with s.mu held.
-func (s *shard) grow(t *Table, x *Entry, h uint64) {
+// of hash h, and publishes them with x in. It reads the old array's
+// hashes, not its entries. Call with s.mu held.
+func (s *shard) grow(x *Entry, h uint64) {
 	n := minSlots
 	for n < 2*s.live {
 		n *= 2
 	}
-	nu := make([]atomic.Pointer[Entry], n)
-	m := uint64(n - 1)
-	put := func(e *Entry, h uint64) {
+	nu := &slots{e: make([]atomic.Pointer[Entry], n), h: make([]uint32, n)}
+	m := uint32(n - 1)
+	put := func(e *Entry, h uint32) {
 		for i := h; ; i++ {
-			if nu[i&m].Load() == nil {
-				nu[i&m].Store(e)
+			if nu.e[i&m].Load() == nil {
+				nu.h[i&m] = h
+				nu.e[i&m].Store(e)
 				return
 			}
 		}
 	}
-	for i := range s.tab.Load().e {
-		if e := s.tab.Load().e[i].Load(); e != nil && e != tomb {
-			put(e, t.hash(e.key))
+	old := s.tab.Load()
+	for i := range old.e {
+		if e := old.e[i].Load(); e != nil && e != tomb {
+			put(e, old.h[i])
 		}
 	}
-	put(x, h)
+	put(x, uint32(h))
 	s.used = s.live
-	s.tab.Store(&slots{e: nu})
+	s.tab.Store(nu)
 }
 
 // remove takes e, of hash h, out of its shard, if it is there.
