@@ -91,7 +91,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 		return l.failClosed(), nil
 	}
 	now := l.clock.now()
-	if i, rem, reset, ok := l.table.Allow1(key, n, now); ok {
+	if i, rem, reset := l.table.Allow1(key, n, now); i >= 0 {
 		r := &l.cfg.Rules[i]
 		return Result{Allowed: true, Rule: i, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset)}, nil
 	}

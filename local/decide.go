@@ -41,39 +41,40 @@ func (t *Table) Allow(key string, n, now int64) (Decision, Status) {
 // returns what a decision needs in registers: a table of one to four
 // Sliding, Fixed or Buckets rules without the share policy, a tracked key
 // found at its first slot, every counter in its window, admitted at the
-// first compare-and-swap of each. When ok, the request was admitted and counted,
-// and rule, the tightest rule, has remaining and resetAfter (ns) after it.
-// Otherwise nothing was counted: call Allow, which decides from the start.
-func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfter int64, ok bool) {
+// first compare-and-swap of each. When rule is not negative, the request
+// was admitted and counted, and rule, the tightest rule, has remaining and
+// resetAfter (ns) after it. Otherwise nothing was counted: call Allow,
+// which decides from the start.
+func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfter int64) {
 	if t.fast == 0 || t.closed.Load() {
-		return 0, 0, 0, false
+		return -1, 0, 0
 	}
 	h := t.hash(key)
 	sl := t.shardOf(h).tab.Load().e
 	e := sl[h&uint64(len(sl)-1)].Load()
 	if e == nil || e.key != key {
-		return 0, 0, 0, false
+		return -1, 0, 0
 	}
 	if t.fast == 2 {
 		return t.allowWindows(e, n, now)
 	}
-	r, c := &t.rules[0], &e.c0
+	r, c := t.rule0, &e.c0
 	w := word(c.word.Load())
 	win := c.win.Load()
 	el := now - win*r.w
 	if w.rolling() || uint64(el) >= uint64(r.w) {
-		return 0, 0, 0, false
+		return -1, 0, 0
 	}
 	prev, cur := c.prev.Load(), c.base.Load()+w.count()
 	est := r.estimate(prev, cur, el)
 	if !r.admits(est, n) || !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
-		return 0, 0, 0, false
+		return -1, 0, 0
 	}
 	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
 		res := reserved{upto: 1}
 		res.words[0], res.wins[0] = w.plus(n), win
 		if t.committed(e, &res, n, now) != admitted {
-			return 0, 0, 0, false // taken back: Allow retries on a fresh entry, or finds the table closed
+			return -1, 0, 0 // taken back: Allow retries on a fresh entry, or finds the table closed
 		}
 	}
 	e.seen(now)
@@ -81,13 +82,13 @@ func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfte
 	if t.syncing {
 		t.touch(e)
 	}
-	return 0, r.remaining(est + float64(n)), r.resetAfter(prev, cur+n, el), true
+	return 0, r.remaining(est + float64(n)), r.resetAfter(prev, cur+n, el)
 }
 
 // allowWindows is Allow1 for several rules, or Buckets: each rule is checked and
 // counted in turn, as decide does; when one cannot be, the rules before it
 // are taken back.
-func (t *Table) allowWindows(e *Entry, n, now int64) (rule int, remaining, resetAfter int64, ok bool) {
+func (t *Table) allowWindows(e *Entry, n, now int64) (rule int, remaining, resetAfter int64) {
 	var words [4]word
 	var wins [4]int64
 	remaining = math.MaxInt64
@@ -104,7 +105,7 @@ func (t *Table) allowWindows(e *Entry, n, now int64) (rule int, remaining, reset
 			for j := range i {
 				t.undo(e, j, words[j&3], wins[j&3], n)
 			}
-			return 0, 0, 0, false
+			return -1, 0, 0
 		}
 		words[i&3], wins[i&3] = nw, win
 		if rem < remaining { // as decide's fold: the first of the least remaining
@@ -116,7 +117,7 @@ func (t *Table) allowWindows(e *Entry, n, now int64) (rule int, remaining, reset
 		copy(res.words[:], words[:])
 		copy(res.wins[:], wins[:])
 		if t.committed(e, &res, n, now) != admitted {
-			return 0, 0, 0, false
+			return -1, 0, 0
 		}
 	}
 	e.seen(now)
@@ -124,7 +125,7 @@ func (t *Table) allowWindows(e *Entry, n, now int64) (rule int, remaining, reset
 	if t.syncing {
 		t.touch(e)
 	}
-	return rule, remaining, resetAfter, true
+	return rule, remaining, resetAfter
 }
 
 // take counts a request of cost n at now on c, a Sliding or Fixed rule's

@@ -94,7 +94,8 @@ type Table struct {
 
 	rng *rand.Rand // the share policy's dither; used by Settle only, one at a time
 
-	simple bool // one Sliding or Fixed rule: the short decision path
+	simple bool  // one Sliding or Fixed rule: the short decision path
+	rule0  *Rule // &rules[0]
 	// fast selects Allow1's path: 1 for one Sliding or Fixed rule
 	// (decide1's), 2 for up to 4 Sliding, Fixed or Buckets rules
 	// (decide's), 0 for none (the share policy, or other rules).
@@ -137,6 +138,9 @@ func NewTable(o Options) *Table {
 		case Log:
 			t.logs, t.logCap = true, max(t.logCap, r.limit)
 		}
+	}
+	if len(t.rules) > 0 {
+		t.rule0 = &t.rules[0]
 	}
 	t.simple = len(t.rules) == 1 && (t.rules[0].kind == Sliding || t.rules[0].kind == Fixed)
 	if len(t.rules) <= 4 && !t.share {
