@@ -58,7 +58,7 @@ type Rule struct {
 	limit  int64
 	limitF float64
 	limitE float64 // limitF + Epsilon
-	w      int64 // the counter's window (Buckets: one bucket), ns
+	w      int64   // the counter's window (Buckets: one bucket), ns
 	invW   float64
 	fixed  bool  // the previous counter window does not weigh (Fixed, Buckets)
 	span   int64 // counter windows per window: Buckets' count, 1 otherwise
