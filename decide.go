@@ -93,6 +93,10 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 		return l.failClosed(t), nil
 	}
 	now := l.clock.now()
+	if i, rem, reset := t.table.Allow1(key, n, now); i >= 0 {
+		r := &t.cfg[i]
+		return Result{Allowed: true, Rule: i, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset), Tier: t.name}, nil
+	}
 	d, st := t.table.Allow(key, n, now)
 	if st != local.Decided {
 		return l.undecided(t, st, n)

@@ -110,7 +110,7 @@ func New(cfg Config) (*Limiter, error) {
 		}
 		l.bans = newBans(cfg.Ban)
 	}
-	offset := func() int64 { return 0 }
+	offset := new(atomic.Int64) // zero: this node's own clock
 	if syncing {
 		var id [8]byte
 		_, _ = rand.Read(id[:])
@@ -134,9 +134,8 @@ func New(cfg Config) (*Limiter, error) {
 			Logger:    cfg.Logger,
 			LogEvery:  cfg.LogEvery,
 		})
-		offset = l.loop.Offset
-		if cfg.ClockSync < 0 {
-			offset = func() int64 { return 0 }
+		if cfg.ClockSync >= 0 {
+			offset = l.loop.OffsetVar()
 		}
 	}
 	l.clock = newClusterClock(cfg.Clock, cfg.ClockResolution < 0, offset)

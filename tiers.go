@@ -79,7 +79,7 @@ func (t *tier) fresh() Result {
 // of its override, if any, else the one Config.TierOf names, else the
 // default) and key's policies (nil when it has none).
 func (l *Limiter) route(key string, n int64, op string) (*tier, *keyPolicy, error) {
-	if l.closed.Load() || len(key) == 0 || len(key) > l.cfg.MaxKeyLen {
+	if l.closed.Load() || uint(len(key)-1) >= uint(l.cfg.MaxKeyLen) { // 1 ≤ len(key) ≤ MaxKeyLen
 		return nil, nil, l.keyError(key)
 	}
 	t := l.def
@@ -90,7 +90,7 @@ func (l *Limiter) route(key string, n int64, op string) (*tier, *keyPolicy, erro
 			return nil, nil, err
 		}
 	}
-	if n < 1 || n > t.minCost {
+	if uint64(n-1) >= uint64(t.minCost) { // 1 ≤ n ≤ minCost
 		return nil, nil, t.costError(op, n)
 	}
 	return t, kp, nil

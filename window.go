@@ -227,22 +227,26 @@ type clusterClock struct {
 	clock  clock.Clock
 	exact  bool
 	coarse atomic.Int64
-	offset func() int64 // the store's clock minus this node's, ns
+	offset *atomic.Int64 // the store's clock minus this node's, ns
 }
 
-func newClusterClock(c clock.Clock, exact bool, offset func() int64) *clusterClock {
+func newClusterClock(c clock.Clock, exact bool, offset *atomic.Int64) *clusterClock {
 	cc := &clusterClock{clock: c, exact: exact, offset: offset}
 	cc.coarse.Store(c.Now().UnixNano())
 	return cc
 }
 
 // now returns the current instant, ns since the Unix epoch, on the
-// cluster's clock.
+// cluster's clock. The coarse read is inlined in every decision.
 func (c *clusterClock) now() int64 {
 	if c.exact {
-		return c.clock.Now().UnixNano() + c.offset()
+		return c.exactNow()
 	}
-	return c.coarse.Load() + c.offset()
+	return c.coarse.Load() + c.offset.Load()
+}
+
+func (c *clusterClock) exactNow() int64 {
+	return c.clock.Now().UnixNano() + c.offset.Load()
 }
 
 // tick refreshes the coarse timestamp.

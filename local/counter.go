@@ -3,6 +3,7 @@ package local
 import (
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // MaxRules is the most rules a Table holds.
@@ -60,7 +61,7 @@ type counter struct {
 }
 
 // syncState is one counter's bookkeeping with the sync loop, in tables
-// that sync. It is guarded by the entry's mutex.
+// that sync (64 bytes). It is guarded by the entry's mutex.
 type syncState struct {
 	inflight      int64 // increments of win taken, not acknowledged
 	adj           int64 // signed increments of win to add to the next take
@@ -71,9 +72,6 @@ type syncState struct {
 	stale         int64 // increments of an older window still to push
 
 	share atomic.Pointer[shareState] // the share policy's state, nil until the first sync
-
-	obs   Counts // a Log rule's counts as the store last decided (the synchronous mode)
-	obsAt int64  // when
 }
 
 // stash keeps d increments of window win, older than the previous one, to
@@ -110,17 +108,37 @@ const (
 // time of the last decision, and bookkeeping for the sync loop and the
 // evictor. Its fields are unexported: the sync loop holds entries only as
 // handles between Table calls.
+//
+// Everything a decision of one rule reads or writes is in its 80 bytes:
+// the key (compared by the table's lookup), lastSeen, the flags and rule
+// 0's counter. The counters of rules 1… follow c0 in the same allocation,
+// then, in a table that syncs, one syncState per rule (see newEntry and
+// Table.ctr, Table.sync). The rest, which only some rules need, is in
+// the extension x.
 type Entry struct {
 	key      string
 	lastSeen atomic.Int64 // ns of the last decision
 	flags    atomic.Uint32
-	allowed  atomic.Uint64
-	denied   atomic.Uint64
 	mu       sync.Mutex // rollovers, takes, acknowledgements, eviction, the log
-	c        []counter
-	s        []syncState // nil unless the table syncs
-	hist     []histSlot  // Buckets rules' closed buckets (see Table.histOff)
-	log      *logRing    // Log rules' instants, created on the first admission; guarded by mu
+	x        atomic.Pointer[entryExt]
+	c0       counter
+}
+
+// entryExt is the part of an entry that only some rules need.
+type entryExt struct {
+	// hist holds, per Buckets rule, its closed buckets and then the sum of
+	// those in the current window (see Table.histOff, Table.closedSum);
+	// set at creation.
+	hist []histSlot
+	log  *logRing   // Log rules' instants, created on the first admission; guarded by mu
+	obs  []observed // per rule, the synchronous mode's view of Log rules; guarded by mu
+}
+
+// observed is a Log rule's counts as the store last decided them (the
+// synchronous mode), and when.
+type observed struct {
+	c  Counts
+	at int64
 }
 
 // histSlot is one closed bucket of a Buckets rule: its id and total,
@@ -164,67 +182,98 @@ func (e *Entry) waitRoll() {
 	e.mu.Unlock()
 }
 
-// newEntry allocates an entry for key with n counters (and their sync
-// state when syncing) and hist bucket slots, in one allocation for the
-// common sizes.
-func newEntry(key string, n int, syncing bool, hist int) *Entry {
-	var e *Entry
+// Sizes of the parts of an entry.
+const (
+	counterSize   = unsafe.Sizeof(counter{})
+	syncStateSize = unsafe.Sizeof(syncState{})
+)
+
+// entryC is an entry with the counters of rules 1… after it.
+type entryC[C any] struct {
+	Entry
+	c C
+}
+
+// entryCS is an entry with the counters of rules 1… and the sync states
+// after it.
+type entryCS[C, S any] struct {
+	Entry
+	c C
+	s S
+}
+
+// entryS is an entry of one rule with its sync state after it.
+type entryS struct {
+	Entry
+	s syncState
+}
+
+// entryAlloc returns the allocator of entries of n rules (1 to MaxRules),
+// with their sync states when syncing, and the offset of the first sync
+// state from c0.
+func entryAlloc(n int, syncing bool) (alloc func() *Entry, syncOff uintptr) {
+	off := func(e *Entry, s unsafe.Pointer) uintptr { return uintptr(s) - uintptr(unsafe.Pointer(&e.c0)) }
 	switch {
-	case n == 1 && !syncing:
-		x := &struct {
-			Entry
-			c [1]counter
-		}{}
-		e = &x.Entry
-		e.c = x.c[:]
+	case !syncing && n == 1:
+		return func() *Entry { return new(Entry) }, 0
+	case !syncing && n == 2:
+		return func() *Entry { return &new(entryC[[1]counter]).Entry }, 0
+	case !syncing && n <= 4:
+		return func() *Entry { return &new(entryC[[3]counter]).Entry }, 0
+	case !syncing && n <= 8:
+		return func() *Entry { return &new(entryC[[7]counter]).Entry }, 0
+	case !syncing:
+		return func() *Entry { return &new(entryC[[MaxRules - 1]counter]).Entry }, 0
 	case n == 1:
-		x := &struct {
-			Entry
-			c [1]counter
-			s [1]syncState
-		}{}
-		e = &x.Entry
-		e.c, e.s = x.c[:], x.s[:]
-	case n <= 4 && !syncing:
-		x := &struct {
-			Entry
-			c [4]counter
-		}{}
-		e = &x.Entry
-		e.c = x.c[:n]
+		x := new(entryS)
+		return func() *Entry { return &new(entryS).Entry }, off(&x.Entry, unsafe.Pointer(&x.s))
+	case n == 2:
+		x := new(entryCS[[1]counter, [2]syncState])
+		return func() *Entry { return &new(entryCS[[1]counter, [2]syncState]).Entry }, off(&x.Entry, unsafe.Pointer(&x.s))
 	case n <= 4:
-		x := &struct {
-			Entry
-			c [4]counter
-			s [4]syncState
-		}{}
-		e = &x.Entry
-		e.c, e.s = x.c[:n], x.s[:n]
+		x := new(entryCS[[3]counter, [4]syncState])
+		return func() *Entry { return &new(entryCS[[3]counter, [4]syncState]).Entry }, off(&x.Entry, unsafe.Pointer(&x.s))
+	case n <= 8:
+		x := new(entryCS[[7]counter, [8]syncState])
+		return func() *Entry { return &new(entryCS[[7]counter, [8]syncState]).Entry }, off(&x.Entry, unsafe.Pointer(&x.s))
 	default:
-		e = &Entry{c: make([]counter, n)}
-		if syncing {
-			e.s = make([]syncState, n)
-		}
+		x := new(entryCS[[MaxRules - 1]counter, [MaxRules]syncState])
+		return func() *Entry { return &new(entryCS[[MaxRules - 1]counter, [MaxRules]syncState]).Entry }, off(&x.Entry, unsafe.Pointer(&x.s))
 	}
-	if hist > 0 {
-		e.hist = make([]histSlot, hist)
+}
+
+// ctr returns rule i's counter of e.
+func (e *Entry) ctr(i int) *counter {
+	return (*counter)(unsafe.Add(unsafe.Pointer(&e.c0), uintptr(i)*counterSize))
+}
+
+// sync returns rule i's sync state of e, in a table that syncs.
+func (t *Table) sync(e *Entry, i int) *syncState {
+	return (*syncState)(unsafe.Add(unsafe.Pointer(&e.c0), t.syncOff+uintptr(i)*syncStateSize))
+}
+
+// ext returns e's extension, creating it (without hist) if missing. Call
+// with e.mu held.
+func (e *Entry) ext() *entryExt {
+	x := e.x.Load()
+	if x == nil {
+		x = new(entryExt)
+		e.x.Store(x)
 	}
-	e.key = key
-	return e
+	return x
 }
 
 // hasUnsynced reports whether e holds increments the store has not
 // acknowledged. Call with e.mu held.
-func (e *Entry) hasUnsynced() bool {
-	for i := range e.c {
-		if word(e.c[i].word.Load()).count() != 0 {
+func (t *Table) hasUnsynced(e *Entry) bool {
+	for i := range t.rules {
+		if word(e.ctr(i).word.Load()).count() != 0 {
 			return true
 		}
-	}
-	for i := range e.s {
-		s := &e.s[i]
-		if s.inflight != 0 || s.adj != 0 || s.prevPending != 0 || s.prevInflight != 0 || s.stale != 0 {
-			return true
+		if t.syncing {
+			if s := t.sync(e, i); s.inflight != 0 || s.adj != 0 || s.prevPending != 0 || s.prevInflight != 0 || s.stale != 0 {
+				return true
+			}
 		}
 	}
 	return false

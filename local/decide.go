@@ -1,6 +1,9 @@
 package local
 
-import "math"
+import (
+	"math"
+	"sync/atomic"
+)
 
 // Status says how a decision ended, besides its Decision.
 type Status uint8
@@ -31,12 +34,195 @@ const (
 // lock, except for a rollover (once per key and rule per window) and for
 // Log rules.
 func (t *Table) Allow(key string, n, now int64) (Decision, Status) {
+	return t.allow(t.hash(key), key, n, now)
+}
+
+// Allow1 is the common case of Allow alone, written out so that it
+// returns what a decision needs in registers: a table of one to four
+// Sliding, Fixed or Buckets rules without the share policy, a tracked key
+// found at its first slot, every counter in its window, admitted at the
+// first compare-and-swap of each (or one such rule under the share
+// policy). When rule is not negative, the request
+// was admitted and counted, and rule, the tightest rule, has remaining and
+// resetAfter (ns) after it. Otherwise nothing was counted: call Allow,
+// which decides from the start.
+func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfter int64) {
+	if t.fast == 0 || t.closed.Load() {
+		return -1, 0, 0
+	}
+	h := t.hash(key)
+	sl := t.shardOf(h).tab.Load().e
+	e := sl[h&uint64(len(sl)-1)].Load()
+	if e == nil || e.key != key {
+		return -1, 0, 0
+	}
+	if t.fast != 1 {
+		if t.fast == 2 {
+			return t.allowWindows(e, n, now)
+		}
+		return t.allowShare(e, n, now)
+	}
+	r, c := t.rule0, &e.c0
+	w := word(c.word.Load())
+	win := c.win.Load()
+	el := now - win*r.w
+	if w.rolling() || uint64(el) >= uint64(r.w) {
+		return -1, 0, 0
+	}
+	prev, cur := c.prev.Load(), c.base.Load()+w.count()
+	est := r.estimate(prev, cur, el)
+	if !r.admits(est, n) {
+		return -1, 0, 0
+	}
+	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
+		return -1, 0, 0
+	}
+	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
+		res := reserved{upto: 1}
+		res.words[0], res.wins[0] = w.plus(n), win
+		if t.committed(e, &res, n, now) != admitted {
+			return -1, 0, 0 // taken back: Allow retries on a fresh entry, or finds the table closed
+		}
+	}
+	e.seen(now)
+	t.count(e).allowed.Add(1)
+	if t.syncing {
+		t.touch(e)
+	}
+	return 0, r.remaining(est + float64(n)), r.resetAfter(prev, cur+n, el)
+}
+
+// allowShare is Allow1 for one Sliding or Fixed rule under the share
+// policy: decide1's steps, as Allow1 takes them.
+func (t *Table) allowShare(e *Entry, n, now int64) (rule int, remaining, resetAfter int64) {
+	r, c := t.rule0, &e.c0
+	w := word(c.word.Load())
+	win := c.win.Load()
+	el := now - win*r.w
+	if w.rolling() || uint64(el) >= uint64(r.w) {
+		return -1, 0, 0
+	}
+	prev, cur := c.prev.Load(), c.base.Load()+w.count()
+	est := r.estimate(prev, cur, el)
+	if !r.admits(est, n) {
+		return -1, 0, 0
+	}
+	remaining = r.remaining(est + float64(n))
+	if _, room, applies := t.shareRoomOf(e, 0, prev, cur, win, el); applies {
+		if float64(n) > room+Epsilon {
+			return -1, 0, 0
+		}
+		remaining = min(remaining, int64(max(room-float64(n), 0)))
+	}
+	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
+		return -1, 0, 0
+	}
+	if e.has(flagDead) || t.closed.Load() {
+		res := reserved{upto: 1}
+		res.words[0], res.wins[0] = w.plus(n), win
+		if t.committed(e, &res, n, now) != admitted {
+			return -1, 0, 0
+		}
+	}
+	e.seen(now)
+	t.count(e).allowed.Add(1)
+	t.touch(e)
+	return 0, remaining, r.resetAfter(prev, cur+n, el)
+}
+
+// allowWindows is Allow1 for several rules, or Buckets: each rule is checked and
+// counted in turn, as decide does; when one cannot be, the rules before it
+// are taken back.
+func (t *Table) allowWindows(e *Entry, n, now int64) (rule int, remaining, resetAfter int64) {
+	var words [4]word
+	var wins [4]int64
+	remaining = math.MaxInt64
+	for i := range t.rules {
+		var nw word
+		var win, rem, reset int64
+		var ok bool
+		if r := &t.rules[i]; r.kind == Buckets {
+			nw, win, rem, reset, ok = r.takeBuckets(e.ctr(i), t.closedSum(e, i), n, now)
+		} else {
+			nw, win, rem, reset, ok = r.take(e.ctr(i), n, now)
+		}
+		if !ok {
+			for j := range i {
+				t.undo(e, j, words[j&3], wins[j&3], n)
+			}
+			return -1, 0, 0
+		}
+		words[i&3], wins[i&3] = nw, win
+		if rem < remaining { // as decide's fold: the first of the least remaining
+			rule, remaining, resetAfter = i, rem, reset
+		}
+	}
+	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
+		res := reserved{upto: len(t.rules)}
+		copy(res.words[:], words[:])
+		copy(res.wins[:], wins[:])
+		if t.committed(e, &res, n, now) != admitted {
+			return -1, 0, 0
+		}
+	}
+	e.seen(now)
+	t.count(e).allowed.Add(1)
+	if t.syncing {
+		t.touch(e)
+	}
+	return rule, remaining, resetAfter
+}
+
+// take counts a request of cost n at now on c, a Sliding or Fixed rule's
+// counter, if it is in its window and the rule admits the request, with
+// one compare-and-swap, and returns the word committed, its window, and
+// what the rule still admits after the request and when it resets (as
+// decide's fold computes them). It reports false, counting nothing,
+// otherwise.
+func (r *Rule) take(c *counter, n, now int64) (nw word, win, remaining, resetAfter int64, ok bool) {
+	w := word(c.word.Load())
+	win = c.win.Load()
+	el := now - win*r.w
+	if w.rolling() || uint64(el) >= uint64(r.w) {
+		return 0, 0, 0, 0, false
+	}
+	prev, cur := c.prev.Load(), c.base.Load()+w.count()
+	if !r.admitsWindow(prev, cur, el, n) {
+		return 0, 0, 0, 0, false
+	}
+	nw = w.plus(n)
+	if !c.word.CompareAndSwap(uint64(w), uint64(nw)) {
+		return 0, 0, 0, 0, false
+	}
+	return nw, win, r.remaining(r.estimate(prev, cur+n, el)), r.resetAfter(prev, cur+n, el), true
+}
+
+// takeBuckets is take for a Buckets rule, whose closed buckets in the
+// counter's window sum to sum.
+func (r *Rule) takeBuckets(c *counter, sum *atomic.Int64, n, now int64) (nw word, win, remaining, resetAfter int64, ok bool) {
+	w := word(c.word.Load())
+	win = c.win.Load()
+	el := now - win*r.w
+	if w.rolling() || uint64(el) >= uint64(r.w) {
+		return 0, 0, 0, 0, false
+	}
+	total := sum.Load() + c.base.Load() + w.count() + n
+	nw = w.plus(n)
+	if total > r.limit || !c.word.CompareAndSwap(uint64(w), uint64(nw)) {
+		return 0, 0, 0, 0, false
+	}
+	// As fold for a running sum: the current bucket holds some of the
+	// total, so the rule resets when it leaves the window.
+	return nw, win, max(r.limit-total, 0), r.span*r.w - el, true
+}
+
+// allow is Allow for any table and case.
+func (t *Table) allow(h uint64, key string, n, now int64) (Decision, Status) {
 	if t.closed.Load() {
 		return Decision{}, Closed
 	}
-	k := t.hash(key)
 	for {
-		e := t.loadOrCreate(k, now)
+		e := t.loadOrCreate(h, key, now)
 		if e == nil {
 			if t.closed.Load() {
 				return Decision{}, Closed
@@ -108,11 +294,12 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 		e.mu.Lock()
 		i, ok := t.logAdmits(e, n, now, &d)
 		if ok {
-			if e.log == nil {
-				e.log = newLogRing(t.logCap)
+			x := e.ext()
+			if x.log == nil {
+				x.log = newLogRing(t.logCap)
 			}
-			e.log.prune(now - t.longestLog())
-			e.log.push(now, n)
+			x.log.prune(now - t.longestLog())
+			x.log.push(now, n)
 			res.log = true
 		}
 		e.mu.Unlock()
@@ -129,7 +316,7 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 		return Decision{}, closed
 	}
 	e.seen(now)
-	e.allowed.Add(1)
+	t.count(e).allowed.Add(1)
 	if t.syncing {
 		t.touch(e)
 	}
@@ -140,7 +327,15 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 // rule is described, and the longest delay kept. shareRem, when not
 // negative, is what the share policy still admits.
 func (d *Decision) fold(r *Rule, i int, c *Counts, n, shareRem int64) {
-	rem, _, reset, delay := r.describe(c, n, true, 1)
+	var rem, reset, delay int64
+	if r.kind == Buckets && c.Buckets == nil {
+		// A running sum (counts): Cur is the window's total after the
+		// request, which the current bucket holds some of, so the rule is
+		// back to its full limit when that bucket leaves the window.
+		rem, reset = max(r.limit-c.Cur, 0), r.span*r.w-c.Elapsed
+	} else {
+		rem, _, reset, delay = r.describe(c, n, true, 1)
+	}
 	if shareRem >= 0 {
 		rem = min(rem, shareRem)
 	}
@@ -160,8 +355,8 @@ func (t *Table) logAdmits(e *Entry, n, now int64, d *Decision) (int, bool) {
 			continue
 		}
 		var c Counts
-		if e.log != nil {
-			c = e.log.counts(r, now, n)
+		if x := e.x.Load(); x != nil && x.log != nil {
+			c = x.log.counts(r, now, n)
 		}
 		if !r.Admits(c, n) {
 			return i, false
@@ -192,7 +387,7 @@ func (t *Table) longestLog() int64 {
 // still admits (−1 when it does not apply). buf holds a Buckets rule's
 // counts.
 func (t *Table) reserveWord(e *Entry, i int, n, now int64, res *reserved, buf []int64) (Counts, outcome, int64) {
-	r, c := &t.rules[i], &e.c[i]
+	r, c := &t.rules[i], e.ctr(i)
 	for {
 		w := word(c.word.Load())
 		if w.rolling() {
@@ -223,10 +418,12 @@ func (t *Table) reserveWord(e *Entry, i int, n, now int64, res *reserved, buf []
 			continue
 		}
 		res.words[i], res.wins[i] = nw, win
-		switch r.kind {
-		case Buckets:
+		switch {
+		case r.kind == Buckets && cts.Buckets == nil:
+			cts.Cur += n
+		case r.kind == Buckets:
 			cts.Buckets[len(cts.Buckets)-1] += n
-		case GCRA, Leaky:
+		case r.kind == GCRA, r.kind == Leaky:
 			cts.Tat = max(cts.Tat, 0) + n*r.t
 		default:
 			cts.Cur += n
@@ -243,10 +440,16 @@ func (t *Table) reserveWord(e *Entry, i int, n, now int64, res *reserved, buf []
 // too, for Sliding and Fixed), and what the share policy admits before the
 // request (−1 when it does not apply).
 func (t *Table) counts(e *Entry, i int, w word, win, el, now, n int64, buf []int64) (Counts, bool, int64) {
-	r, c := &t.rules[i], &e.c[i]
+	r, c := &t.rules[i], e.ctr(i)
 	cur := c.base.Load() + w.count()
 	switch r.kind {
 	case Buckets:
+		if !t.share {
+			// The running sum of the closed buckets: Cur is the window's
+			// total, Buckets is nil (fold reads it so).
+			sum := t.closedSum(e, i).Load() + cur
+			return Counts{Cur: sum, Elapsed: el}, sum+n <= r.limit, -1
+		}
 		b := t.bucketCounts(e, i, win, cur, buf)
 		ok := r.bucketSum(b)+n <= r.limit
 		if ok && t.share {
@@ -277,7 +480,7 @@ func (t *Table) counts(e *Entry, i int, w word, win, el, now, n int64, buf []int
 func (t *Table) bucketCounts(e *Entry, i int, win, cur int64, buf []int64) []int64 {
 	r := &t.rules[i]
 	b := buf[:r.span]
-	h := e.hist[t.histOff[i] : t.histOff[i]+int(r.span)]
+	h := e.x.Load().hist[t.histOff[i] : t.histOff[i]+int(r.span)]
 	for k := range r.span - 1 {
 		id := win - r.span + 1 + k
 		s := &h[id%r.span]
@@ -296,7 +499,7 @@ func (t *Table) bucketCounts(e *Entry, i int, win, cur int64, buf []int64) []int
 // not sync, whose arrival time lives in the counter's base), and returns
 // its counts after the request.
 func (t *Table) reserveTat(e *Entry, i int, n, now int64) (Counts, outcome) {
-	r, c := &t.rules[i], &e.c[i]
+	r, c := &t.rules[i], e.ctr(i)
 	for {
 		tat := c.base.Load()
 		ahead := tat - now
@@ -331,7 +534,7 @@ func (t *Table) refuse(e *Entry, denied int, res *reserved, n, now int64) {
 		t.undoAll(e, res, n, now)
 	}
 	e.seen(now)
-	e.denied.Add(1)
+	t.count(e).denied.Add(1)
 	if t.syncing {
 		// A node that only denies still needs the cluster's counts of the
 		// key, to learn when others' admissions slide out.
@@ -352,16 +555,17 @@ func (t *Table) firstLog() int {
 func (t *Table) logCharge(e *Entry, n, now int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.log == nil {
-		e.log = newLogRing(t.logCap)
+	x := e.ext()
+	if x.log == nil {
+		x.log = newLogRing(t.logCap)
 	}
-	e.log.prune(now - t.longestLog())
-	e.log.push(now, n)
+	x.log.prune(now - t.longestLog())
+	x.log.push(now, n)
 }
 
 // charge adds n to rule i of e unconditionally (CountDenied).
 func (t *Table) charge(e *Entry, i int, n, now int64) {
-	r, c := &t.rules[i], &e.c[i]
+	r, c := &t.rules[i], e.ctr(i)
 	if (r.kind == GCRA || r.kind == Leaky) && !t.syncing {
 		for {
 			tat := c.base.Load()
@@ -395,14 +599,14 @@ func (t *Table) undoAll(e *Entry, res *reserved, n, now int64) {
 		switch {
 		case t.rules[i].kind == Log:
 		case res.tats[i]:
-			e.c[i].base.Add(-n * t.rules[i].t)
+			e.ctr(i).base.Add(-n * t.rules[i].t)
 		default:
 			t.undo(e, i, res.words[i], res.wins[i], n)
 		}
 	}
 	if res.log {
 		e.mu.Lock()
-		e.log.remove(now, n)
+		e.x.Load().log.remove(now, n)
 		e.mu.Unlock()
 	}
 }
@@ -413,7 +617,7 @@ func (t *Table) undoAll(e *Entry, res *reserved, n, now int64) {
 // subtracted there; otherwise a take or a rollover moved it, and it is
 // taken back where it went.
 func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
-	c := &e.c[i]
+	c := e.ctr(i)
 	for {
 		cur := word(c.word.Load())
 		if cur.rolling() {
@@ -432,7 +636,7 @@ func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
 	switch c.win.Load() {
 	case win: // taken by the sync loop (only it moves the word in a window): push −n next
 		if t.syncing {
-			e.s[i].adj -= n
+			t.sync(e, i).adj -= n
 			c.base.Add(-n)
 		}
 	case win + 1: // rolled over: the increment now counts in the previous window
@@ -441,7 +645,7 @@ func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
 			t.histAdd(e, i, win, -n)
 		}
 		if t.syncing {
-			e.s[i].prevPending -= n
+			t.sync(e, i).prevPending -= n
 		}
 	}
 }
@@ -449,10 +653,41 @@ func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
 // histAdd adds d to the closed bucket id of rule i, if it is kept. Call
 // with e.mu held.
 func (t *Table) histAdd(e *Entry, i int, id, d int64) {
-	s := &e.hist[t.histOff[i]+int(id%t.rules[i].span)]
+	s := &e.x.Load().hist[t.histOff[i]+int(id%t.rules[i].span)]
 	if s.id.Load() == id {
 		s.n.Add(d)
+		if t.inWindow(e, i, id) {
+			t.closedSum(e, i).Add(d)
+		}
 	}
+}
+
+// closedSum returns the running sum of rule i's closed buckets in its
+// counter's current window (Buckets). It changes under e.mu only.
+func (t *Table) closedSum(e *Entry, i int) *atomic.Int64 {
+	return &e.x.Load().hist[t.histOff[i]+int(t.rules[i].span)].n
+}
+
+// inWindow reports whether the closed bucket id of rule i is in its
+// counter's current window. Call with e.mu held.
+func (t *Table) inWindow(e *Entry, i int, id int64) bool {
+	win := e.ctr(i).win.Load()
+	return win-t.rules[i].span < id && id < win
+}
+
+// resum recomputes rule i's running sum of closed buckets from its slots.
+// Call with e.mu held.
+func (t *Table) resum(e *Entry, i int) {
+	r := &t.rules[i]
+	h := e.x.Load().hist[t.histOff[i] : t.histOff[i]+int(r.span)]
+	win := e.ctr(i).win.Load()
+	sum := int64(0)
+	for id := win - r.span + 1; id < win; id++ {
+		if s := &h[id%r.span]; s.id.Load() == id {
+			sum += s.n.Load()
+		}
+	}
+	t.closedSum(e, i).Store(sum)
 }
 
 // roll moves rule i of e to window id if it is behind it, and reports
@@ -470,7 +705,7 @@ func (t *Table) roll(e *Entry, i int, id, now int64) bool {
 // rollLocked moves rule i of e to window id if it is behind. Call with
 // e.mu held.
 func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
-	c := &e.c[i]
+	c := e.ctr(i)
 	old := c.win.Load()
 	if old >= id {
 		return
@@ -483,13 +718,14 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 	} else {
 		c.prev.Store(0)
 	}
-	if r := &t.rules[i]; r.kind == Buckets {
-		s := &e.hist[t.histOff[i]+int(old%r.span)]
+	buckets := t.rules[i].kind == Buckets
+	if buckets {
+		s := &e.x.Load().hist[t.histOff[i]+int(old%t.rules[i].span)]
 		s.id.Store(old)
 		s.n.Store(total)
 	}
 	if t.syncing {
-		s := &e.s[i]
+		s := t.sync(e, i)
 		// What this node still owes the window that stops being the
 		// previous one is pushed later, as stale.
 		dropped := s.stash(old-1, s.prevPending)
@@ -505,6 +741,9 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 	}
 	c.base.Store(0)
 	c.win.Store(id)
+	if buckets {
+		t.resum(e, i) // before the word: a decision that reads it reads the sum of its window
+	}
 	c.word.Store(uint64(w.next()))
 }
 
@@ -535,7 +774,7 @@ func (t *Table) closedAfterCommit(e *Entry, res *reserved, n, now int64) bool {
 			if t.rules[i].kind == Log {
 				continue
 			}
-			if word(e.c[i].word.Load()).gen() != res.words[i].gen() {
+			if word(e.ctr(i).word.Load()).gen() != res.words[i].gen() {
 				e.mu.Unlock()
 				return false
 			}

@@ -42,11 +42,11 @@ func (t *Table) Take(e *Entry, now int64, dst []Push) ([]Push, bool) {
 
 func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 	again := false
-	for i := range e.c {
+	for i := range t.rules {
 		if t.rules[i].kind == Log {
 			continue // decided in the store (the synchronous mode): nothing to push
 		}
-		c, s := &e.c[i], &e.s[i]
+		c, s := e.ctr(i), t.sync(e, i)
 		// Freeze the word as a rollover does, so that no decision reads
 		// the count moved to base twice, or not at all.
 		w := freeze(c)
@@ -82,7 +82,7 @@ func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 	defer e.mu.Unlock()
 	for k := range pushes {
 		p := &pushes[k]
-		c, s := &e.c[p.Rule], &e.s[p.Rule]
+		c, s := e.ctr(p.Rule), t.sync(e, p.Rule)
 		win := c.win.Load()
 		switch {
 		case t.rules[p.Rule].kind == GCRA || t.rules[p.Rule].kind == Leaky:
@@ -112,7 +112,7 @@ func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 func (t *Table) settleShares(e *Entry, now int64, pushes []Push, totals []int64) {
 	for k := range pushes {
 		p := &pushes[k]
-		if p.kind != pushCur || e.c[p.Rule].win.Load() != p.Win {
+		if p.kind != pushCur || e.ctr(p.Rule).win.Load() != p.Win {
 			continue // a rule rolled over since the take: its next sync counts
 		}
 		var prev, ownPrev int64
@@ -128,9 +128,16 @@ func (t *Table) settleShares(e *Entry, now int64, pushes []Push, totals []int64)
 
 // histSet sets the closed bucket id of rule i to n. Call with e.mu held.
 func (t *Table) histSet(e *Entry, i int, id, n int64) {
-	s := &e.hist[t.histOff[i]+int(id%t.rules[i].span)]
+	s := &e.x.Load().hist[t.histOff[i]+int(id%t.rules[i].span)]
+	sum := t.closedSum(e, i)
+	if old := s.id.Load(); t.inWindow(e, i, old) {
+		sum.Add(-s.n.Load())
+	}
 	s.id.Store(id)
 	s.n.Store(n)
+	if t.inWindow(e, i, id) {
+		sum.Add(n)
+	}
 }
 
 // Release hands back to e the increments of pushes that the store did not
@@ -141,7 +148,7 @@ func (t *Table) Release(e *Entry, pushes []Push) {
 	dropped := int64(0)
 	for k := range pushes {
 		p := &pushes[k]
-		c, s := &e.c[p.Rule], &e.s[p.Rule]
+		c, s := e.ctr(p.Rule), t.sync(e, p.Rule)
 		win := c.win.Load()
 		switch {
 		case p.kind == pushCur && win == p.Win:
@@ -200,7 +207,7 @@ func (t *Table) FlushDone() { t.flushOnce.Do(func() { close(t.flushed) }) }
 // table's statistics when record is set. Observe does nothing for an
 // untracked key when the table is full.
 func (t *Table) Observe(key string, now int64, counts []Counts, allowed, record bool) {
-	e := t.loadOrCreate(t.hash(key), now)
+	e := t.loadOrCreate(t.hash(key), key, now)
 	if e == nil {
 		return
 	}
@@ -214,9 +221,9 @@ func (t *Table) Observe(key string, now int64, counts []Counts, allowed, record 
 	if record {
 		e.seen(now)
 		if allowed {
-			e.allowed.Add(1)
+			t.count(e).allowed.Add(1)
 		} else {
-			e.denied.Add(1)
+			t.count(e).denied.Add(1)
 		}
 	}
 }
@@ -224,15 +231,19 @@ func (t *Table) Observe(key string, now int64, counts []Counts, allowed, record 
 // observeLocked records the store's counts c of rule i at now. Call with
 // e.mu held.
 func (t *Table) observeLocked(e *Entry, i int, now int64, c *Counts) {
-	r, ct := &t.rules[i], &e.c[i]
+	r, ct := &t.rules[i], e.ctr(i)
 	var s *syncState
 	if t.syncing {
-		s = &e.s[i]
+		s = t.sync(e, i)
 	}
 	switch r.kind {
 	case Log:
 		if s != nil {
-			s.obs, s.obsAt = *c, now
+			x := e.ext()
+			if x.obs == nil {
+				x.obs = make([]observed, len(t.rules))
+			}
+			x.obs[i] = observed{*c, now}
 		}
 		return
 	case GCRA, Leaky:
@@ -274,10 +285,10 @@ func (t *Table) Unsynced(e *Entry) int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n := int64(0)
-	for i := range e.c {
-		n += word(e.c[i].word.Load()).count()
-		if e.s != nil {
-			n += e.s[i].unsynced()
+	for i := range t.rules {
+		n += word(e.ctr(i).word.Load()).count()
+		if t.syncing {
+			n += t.sync(e, i).unsynced()
 		}
 	}
 	return n

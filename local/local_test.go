@@ -31,8 +31,8 @@ func allow(t *testing.T, tb *Table, key string, n, now int64) bool {
 
 func entry(t *testing.T, tb *Table, key string) *Entry {
 	t.Helper()
-	e, ok := tb.load(tb.hash(key))
-	require.True(t, ok)
+	e := tb.load(tb.hash(key), key)
+	require.NotNil(t, e)
 	return e
 }
 
@@ -52,7 +52,7 @@ func TestRolloverKeepsThePreviousWindow(t *testing.T) {
 	tb := newTestTable(t, true, 100)
 	assert.True(t, allow(t, tb, "k", 3, 5*w))
 	e := entry(t, tb, "k")
-	c, s := &e.c[0], &e.s[0]
+	c, s := e.ctr(0), tb.sync(e, 0)
 	assert.True(t, allow(t, tb, "k", 1, 6*w)) // rolls over
 	assert.Equal(t, int64(6), c.win.Load())
 	assert.Equal(t, int64(3), c.prev.Load())
@@ -72,7 +72,7 @@ func TestTakeSettleRelease(t *testing.T) {
 	tb := newTestTable(t, true, 100)
 	assert.True(t, allow(t, tb, "k", 4, 5*w))
 	e := entry(t, tb, "k")
-	c, s := &e.c[0], &e.s[0]
+	c, s := e.ctr(0), tb.sync(e, 0)
 	pushes, _ := tb.Take(e, 5*w, nil)
 	require.Equal(t, []Push{{Rule: 0, Win: 5, Delta: 4}}, pushes)
 	assert.Equal(t, int64(4), s.inflight)
@@ -97,7 +97,7 @@ func TestSettleAndReleaseAfterRollover(t *testing.T) {
 	tb := newTestTable(t, true, 100)
 	assert.True(t, allow(t, tb, "k", 4, 5*w))
 	e := entry(t, tb, "k")
-	c, s := &e.c[0], &e.s[0]
+	c, s := e.ctr(0), tb.sync(e, 0)
 	pushes, _ := tb.Take(e, 5*w, nil)
 	assert.True(t, allow(t, tb, "k", 1, 6*w)) // rolls over while the push is on its way
 	tb.Settle(e, 0, pushes, []int64{10})
@@ -126,16 +126,16 @@ func TestUndoIsExact(t *testing.T) {
 	assert.False(t, allow(t, tb, "k", 1, 60*w))
 	e := entry(t, tb, "k")
 	for i := range 5 {
-		assert.Equal(t, int64(2), word(e.c[i].word.Load()).count(), "rule %d", i)
+		assert.Equal(t, int64(2), word(e.ctr(i).word.Load()).count(), "rule %d", i)
 	}
 	// After a take: the taken-back increment becomes −1 in the next push.
 	var words [MaxRules]word
 	var wins [MaxRules]int64
-	words[0], wins[0] = word(e.c[0].word.Load()), e.c[0].win.Load()
+	words[0], wins[0] = word(e.ctr(0).word.Load()), e.ctr(0).win.Load()
 	pushes, _ := tb.Take(e, 60*w, nil)
 	tb.undo(e, 0, words[0], wins[0], 1)
-	assert.Equal(t, int64(-1), e.s[0].adj)
-	assert.Equal(t, int64(1), e.c[0].base.Load(), "the view drops it at once")
+	assert.Equal(t, int64(-1), tb.sync(e, 0).adj)
+	assert.Equal(t, int64(1), e.ctr(0).base.Load(), "the view drops it at once")
 	tb.Settle(e, 0, pushes, []int64{2, 2, 2, 2, 2, 2})
 	pushes, _ = tb.Take(e, 60*w, nil)
 	assert.Equal(t, int64(-1), pushes[0].Delta)
@@ -143,12 +143,12 @@ func TestUndoIsExact(t *testing.T) {
 	tb = newTestTable(t, true, 100, 100)
 	assert.True(t, allow(t, tb, "r", 1, 60*w))
 	e = entry(t, tb, "r")
-	words[1], wins[1] = word(e.c[1].word.Load()), e.c[1].win.Load()
+	words[1], wins[1] = word(e.ctr(1).word.Load()), e.ctr(1).win.Load()
 	assert.True(t, allow(t, tb, "r", 1, 62*w)) // rule 1 (window 2w) rolls over
-	assert.Equal(t, int64(1), e.c[1].prev.Load())
+	assert.Equal(t, int64(1), e.ctr(1).prev.Load())
 	tb.undo(e, 1, words[1], wins[1], 1)
-	assert.Equal(t, int64(0), e.c[1].prev.Load())
-	assert.Equal(t, int64(0), e.s[1].prevPending, "1 pending for window 30, taken back")
+	assert.Equal(t, int64(0), e.ctr(1).prev.Load())
+	assert.Equal(t, int64(0), tb.sync(e, 1).prevPending, "1 pending for window 30, taken back")
 	assert.Equal(t, int64(3), tb.Unsynced(e), "rule 0: both requests (one stale); rule 1: the second only")
 }
 
@@ -186,7 +186,7 @@ func TestConcurrentDecisionsAndTakesLoseNothing(t *testing.T) {
 						return
 					default:
 					}
-					if e, ok := tb.load(tb.hash("k")); ok {
+					if e := tb.load(tb.hash("k"), "k"); e != nil {
 						for _, p := range takeSettle(tb, e, 0, 0) {
 							pushed[p.Rule] += p.Delta
 						}
@@ -243,8 +243,7 @@ func TestEvictIdleOnly(t *testing.T) {
 	takeSettle(tb, e, 5*w, 0)
 	assert.Equal(t, 0, tb.Evict(7*w), "idle for exactly two windows")
 	assert.Equal(t, 1, tb.Evict(7*w+1), "the key with unpushed increments stays")
-	_, ok := tb.load(tb.hash("idle"))
-	assert.False(t, ok)
+	assert.Nil(t, tb.load(tb.hash("idle"), "idle"))
 	assert.True(t, e.has(flagDead))
 	assert.Equal(t, 1, tb.Len())
 }

@@ -57,7 +57,8 @@ type Rule struct {
 	kind   Kind
 	limit  int64
 	limitF float64
-	w      int64 // the counter's window (Buckets: one bucket), ns
+	limitE float64 // limitF + Epsilon
+	w      int64   // the counter's window (Buckets: one bucket), ns
 	invW   float64
 	fixed  bool  // the previous counter window does not weigh (Fixed, Buckets)
 	span   int64 // counter windows per window: Buckets' count, 1 otherwise
@@ -87,6 +88,7 @@ func NewRule(s Spec) Rule {
 		}
 	}
 	r.invW = 1 / float64(r.w)
+	r.limitE = r.limitF + Epsilon
 	return r
 }
 

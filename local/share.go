@@ -154,10 +154,10 @@ func (r *Rule) shareRoom(v snapValues, prev, cur, win, el int64) (room float64, 
 // (window win−1), having pushed ownCur and ownPrev; then it publishes the
 // snapshot decisions use. Call with e.mu held.
 func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead bool, ownCur, ownPrev int64) {
-	x := e.s[i].share.Load()
+	x := t.sync(e, i).share.Load()
 	if x == nil {
 		x = new(shareState)
-		e.s[i].share.Store(x)
+		t.sync(e, i).share.Store(x)
 	}
 	st := &x.st
 	r := &t.rules[i]
@@ -193,7 +193,7 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 		st.samples++
 	}
 	st.at, st.win, st.total = now, win, cur
-	v := snapValues{win: win, base: e.c[i].base.Load(), share: 1}
+	v := snapValues{win: win, base: e.ctr(i).base.Load(), share: 1}
 	if st.samples >= 1 && st.allAvg > 0 && st.ownAvg < st.allAvg {
 		share := max(st.ownAvg/st.allAvg, shareMin)
 		// This node's admissions per sync period when the key runs at the
@@ -213,7 +213,7 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 				_, el := WindowOf(now, r.w)
 				weight = float64(r.w-el) * r.invW
 			}
-			known = float64(e.c[i].prev.Load())*weight + float64(cur)
+			known = float64(e.ctr(i).prev.Load())*weight + float64(cur)
 		}
 		headroom := r.limitF - known - lag
 		if share*r.limitF*st.period*r.invW >= shareMinCount && headroom < headroomFactor*st.allAvg {
@@ -246,7 +246,7 @@ func (r *Rule) shareRetry(v snapValues, room float64, prev, el, n int64) int64 {
 // shareRoomOf returns the share policy's room for rule i of e, as
 // shareRoom, reading the counter's snapshot.
 func (t *Table) shareRoomOf(e *Entry, i int, prev, cur, win, el int64) (snapValues, float64, bool) {
-	x := e.s[i].share.Load()
+	x := t.sync(e, i).share.Load()
 	if x == nil {
 		return snapValues{}, 0, false
 	}
@@ -289,7 +289,7 @@ func (r *Rule) bucketRoom(v snapValues, b []int64, win int64) (room float64, ok 
 // bucketShareRoomOf returns the share policy's room for Buckets rule i of
 // e, whose counts are b in window win.
 func (t *Table) bucketShareRoomOf(e *Entry, i int, b []int64, win int64) (float64, bool) {
-	x := e.s[i].share.Load()
+	x := t.sync(e, i).share.Load()
 	if x == nil {
 		return 0, false
 	}

@@ -1,13 +1,11 @@
 package local
 
 import (
-	"hash/maphash"
 	"math/bits"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
-
-	"github.com/puzpuzpuz/xsync/v3"
+	"unsafe"
 )
 
 // Options configures a Table.
@@ -33,20 +31,45 @@ type Options struct {
 	Seed uint64
 }
 
-// hkey is a table key: the user key with its hash, computed once per
-// decision for both the shard and the shard's map.
-type hkey struct {
-	h uint64
-	s string
+// shardKeys is the number of keys per shard the table aims for at
+// MaxKeys, up to maxShards shards: a shard's slots grow by copying, which
+// blocks the creation of keys in that shard (not decisions on tracked
+// keys) for the length of the copy, so small shards keep a flood of new
+// keys from stalling decisions. A shard costs 64 bytes until its first key.
+const (
+	shardKeys = 1 << 10
+	maxShards = 4 << 10
+)
+
+// minSlots is the number of slots of a shard's first slot array.
+const minSlots = 16
+
+// noSlots is every shard's slot array until its first key: one empty
+// slot, which makes the first creation grow it.
+var noSlots = &slots{e: make([]atomic.Pointer[Entry], 1), h: make([]uint32, 1)}
+
+// shard is one part of the table's map: an open-addressing hash table of
+// entries with linear probing, read without locks, written under mu.
+type shard struct {
+	mu   sync.Mutex
+	tab  atomic.Pointer[slots]
+	live int // entries in tab; guarded by mu
+	used int // slots not empty (entries and tombstones); guarded by mu
+	_    [32]byte
 }
 
-func hkeyHash(k hkey, seed uint64) uint64 { return k.h ^ seed }
+// slots is a shard's slot array, a power of two long, with at least one
+// empty slot. A slot holds nil (empty, ends a probe), tomb (a removed
+// entry, skipped) or an entry. A slot array replaced by a larger one is
+// never written again.
+type slots struct {
+	e []atomic.Pointer[Entry]
+	h []uint32 // the low half of each entry's hash, for grow; guarded by the shard's mutex
+}
 
-// shardKeys is the number of keys per shard the table aims for: a shard's
-// map grows by copying itself, which blocks writers of that shard (not
-// readers) for the length of the copy, so small shards keep a flood of new
-// keys from stalling decisions.
-const shardKeys = 16 << 10
+// tomb marks a removed entry's slot. Its key is empty, which no user key
+// is, so lookups pass over it.
+var tomb = new(Entry)
 
 // Table maps user keys to entries and makes every decision on them. It is
 // safe for concurrent use. Create one with NewTable.
@@ -58,9 +81,12 @@ type Table struct {
 	countDenied bool
 	share       bool
 
-	seed   maphash.Seed
-	shift  uint // 64 − log2(len(shards))
-	shards []*xsync.MapOf[hkey, *Entry]
+	seed   uintptr // the hash's seed
+	shift  uint    // 64 − log2(len(shards))
+	shards []shard
+
+	alloc   func() *Entry // newEntry for this table's rules
+	syncOff uintptr       // offset of an entry's sync states from its c0
 
 	maxKeys int64
 	keys    atomic.Int64 // entries in the maps plus insertions under way
@@ -68,8 +94,14 @@ type Table struct {
 
 	rng *rand.Rand // the share policy's dither; used by Settle only, one at a time
 
-	simple  bool  // one Sliding or Fixed rule: the short decision path
-	histOff []int // per rule: its first slot in Entry.hist (Buckets)
+	simple bool  // one Sliding or Fixed rule: the short decision path
+	rule0  *Rule // &rules[0]
+	// fast selects Allow1's path: 1 for one Sliding or Fixed rule
+	// (decide1's), 3 for the same under the share policy, 2 for up to 4
+	// Sliding, Fixed or Buckets rules without the share policy (decide's),
+	// 0 for none.
+	fast    int
+	histOff []int // per rule: its first slot in Entry.hist (Buckets), followed by its sum slot
 	hist    int   // Entry.hist's length
 	logCap  int64 // the largest Log limit: the ring's length; 0 without Log rules
 	logs    bool  // some rule is a Log
@@ -81,10 +113,9 @@ type Table struct {
 	qmu   sync.Mutex
 	queue []*Entry
 
-	evicted    atomic.Uint64
-	dropped    atomic.Uint64
-	goneAllow  atomic.Uint64 // decisions of evicted entries
-	goneDenied atomic.Uint64
+	evicted   atomic.Uint64
+	dropped   atomic.Uint64
+	decisions [countStripes]decisionCount
 }
 
 // NewTable returns an empty table for o.
@@ -95,7 +126,6 @@ func NewTable(o Options) *Table {
 		syncing:     o.Syncing,
 		countDenied: o.CountDenied,
 		share:       o.Share && o.Syncing,
-		seed:        maphash.MakeSeed(),
 		maxKeys:     int64(o.MaxKeys),
 		flushed:     make(chan struct{}),
 	}
@@ -105,85 +135,215 @@ func NewTable(o Options) *Table {
 		t.histOff = append(t.histOff, t.hist)
 		switch r.kind {
 		case Buckets:
-			t.hist += int(r.span)
+			t.hist += int(r.span) + 1
 		case Log:
 			t.logs, t.logCap = true, max(t.logCap, r.limit)
 		}
 	}
+	if len(t.rules) > 0 {
+		t.rule0 = &t.rules[0]
+	}
 	t.simple = len(t.rules) == 1 && (t.rules[0].kind == Sliding || t.rules[0].kind == Fixed)
+	if len(t.rules) <= 4 && !t.share {
+		t.fast = 2
+		for i := range t.rules {
+			if !t.rules[i].counted() {
+				t.fast = 0
+			}
+		}
+	}
+	switch {
+	case t.simple && t.share:
+		t.fast = 3
+	case t.simple:
+		t.fast = 1
+	}
 	seed := o.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
 	t.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	t.seed = uintptr(rand.Uint64())
 	n := 1
-	for n < 256 && int64(n)*shardKeys < t.maxKeys {
+	for n < maxShards && int64(n)*shardKeys < t.maxKeys {
 		n *= 2
 	}
 	t.shift = uint(64 - bits.TrailingZeros(uint(n)))
-	t.shards = make([]*xsync.MapOf[hkey, *Entry], n)
+	t.shards = make([]shard, n)
 	for i := range t.shards {
-		t.shards[i] = xsync.NewMapOfWithHasher[hkey, *Entry](hkeyHash, xsync.WithGrowOnly())
+		t.shards[i].tab.Store(noSlots)
 	}
+	t.alloc, t.syncOff = entryAlloc(len(t.rules), t.syncing)
 	return t
 }
 
 // Rules returns the table's rules. The caller must not modify the slice.
 func (t *Table) Rules() []Rule { return t.rules }
 
-func (t *Table) hash(key string) hkey {
-	return hkey{maphash.String(t.seed, key), key}
-}
+func (t *Table) hash(key string) uint64 { return hashString(key, t.seed) }
 
-func (t *Table) shard(k hkey) *xsync.MapOf[hkey, *Entry] {
-	if t.shift == 64 {
-		return t.shards[0]
+// hashString hashes s with the runtime's string hash (AES-based where the
+// CPU has it), called directly: hash/maphash adds some 40 instructions of
+// wrappers per call. On 32-bit platforms the hash is spread to 64 bits.
+func hashString(s string, seed uintptr) uint64 {
+	h := uint64(runtimeMemhash(unsafe.Pointer(unsafe.StringData(s)), seed, uintptr(len(s))))
+	if unsafe.Sizeof(uintptr(0)) == 4 {
+		h *= 0x9e3779b97f4a7c15
 	}
-	return t.shards[k.h>>t.shift]
+	return h
 }
 
-// load returns the entry of key k, if any.
-func (t *Table) load(k hkey) (*Entry, bool) { return t.shard(k).Load(k) }
+//go:noescape
+//go:linkname runtimeMemhash runtime.memhash
+func runtimeMemhash(p unsafe.Pointer, h, s uintptr) uintptr
 
-// loadOrCreate returns the entry of k, creating it with its counters in
-// the windows of now. It returns nil when the key is missing and the
-// table holds MaxKeys entries, or after Close.
-func (t *Table) loadOrCreate(k hkey, now int64) *Entry {
-	m := t.shard(k)
-	if e, ok := m.Load(k); ok {
+// shardOf returns the shard of hash h: its high bits (the slot index
+// uses the low ones).
+func (t *Table) shardOf(h uint64) *shard {
+	return &t.shards[h>>t.shift] // 0 when shift is 64
+}
+
+// load returns the entry of key, of hash h, if any. It takes no lock.
+func (t *Table) load(h uint64, key string) *Entry {
+	e := t.shardOf(h).tab.Load().e
+	m := uint64(len(e) - 1)
+	for i := h; ; i++ {
+		x := e[i&m].Load()
+		if x == nil || x.key == key {
+			return x
+		}
+	}
+}
+
+// loadOrCreate returns the entry of key, of hash h, creating it with its
+// counters in the windows of now. It returns nil when the key is missing
+// and the table holds MaxKeys entries, or after Close.
+func (t *Table) loadOrCreate(h uint64, key string, now int64) *Entry {
+	if e := t.load(h, key); e != nil {
 		return e
+	}
+	return t.create(h, key, now)
+}
+
+func (t *Table) create(h uint64, key string, now int64) *Entry {
+	// Allocate before taking the shard's mutex: an allocation may have to
+	// help the GC, and others wait for the mutex meanwhile. The entry is
+	// dropped if the key turns out to exist.
+	var x *Entry
+	if t.keys.Load() < t.maxKeys {
+		x = t.scratch(key, now)
+	}
+	s := t.shardOf(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tab := s.tab.Load()
+	e := tab.e
+	m := uint64(len(e) - 1)
+	free, empty := -1, false // the slot to fill; whether it is empty (not a tombstone)
+	for i := h; ; i++ {
+		y := e[i&m].Load()
+		if y == nil {
+			if free < 0 {
+				free, empty = int(i&m), true
+			}
+			break
+		}
+		if y == tomb {
+			if free < 0 {
+				free = int(i & m)
+			}
+			continue
+		}
+		if y.key == key {
+			return y
+		}
+	}
+	// Checked under the shard's mutex, which Entries takes: see Close.
+	if t.closed.Load() {
+		return nil
 	}
 	if t.keys.Add(1) > t.maxKeys {
 		t.keys.Add(-1)
 		return nil
 	}
-	created := false
-	e, loaded := m.LoadOrTryCompute(k, func() (*Entry, bool) {
-		if t.closed.Load() {
-			return nil, true // checked under the bucket lock: see Close
+	if x == nil {
+		x = t.scratch(key, now)
+	}
+	s.live++
+	t.entries.Add(1)
+	if empty {
+		s.used++
+	}
+	if s.used > len(e)/4*3 {
+		s.grow(x, h)
+		return x
+	}
+	tab.h[free] = uint32(h)
+	e[free].Store(x)
+	return x
+}
+
+// grow replaces s's slots by an array at most half full after adding x,
+// of hash h, and publishes them with x in. It reads the old array's
+// hashes, not its entries. Call with s.mu held.
+func (s *shard) grow(x *Entry, h uint64) {
+	n := minSlots
+	for n < 2*s.live {
+		n *= 2
+	}
+	nu := &slots{e: make([]atomic.Pointer[Entry], n), h: make([]uint32, n)}
+	m := uint32(n - 1)
+	put := func(e *Entry, h uint32) {
+		for i := h; ; i++ {
+			if nu.e[i&m].Load() == nil {
+				nu.h[i&m] = h
+				nu.e[i&m].Store(e)
+				return
+			}
 		}
-		created = true
-		return t.scratch(k.s, now), false
-	})
-	if created {
-		t.entries.Add(1)
-	} else {
-		t.keys.Add(-1)
 	}
-	if !loaded && !created {
-		return nil
+	old := s.tab.Load()
+	for i := range old.e {
+		if e := old.e[i].Load(); e != nil && e != tomb {
+			put(e, old.h[i])
+		}
 	}
-	return e
+	put(x, uint32(h))
+	s.used = s.live
+	s.tab.Store(nu)
+}
+
+// remove takes e, of hash h, out of its shard, if it is there.
+func (t *Table) remove(h uint64, e *Entry) bool {
+	s := t.shardOf(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sl := s.tab.Load().e
+	m := uint64(len(sl) - 1)
+	for i := h; ; i++ {
+		switch x := sl[i&m].Load(); x {
+		case nil:
+			return false
+		case e:
+			sl[i&m].Store(tomb)
+			s.live--
+			return true
+		}
+	}
 }
 
 // scratch returns an entry for key with empty counters in the windows of
 // now, not stored in the table.
 func (t *Table) scratch(key string, now int64) *Entry {
-	e := newEntry(key, len(t.rules), t.syncing, t.hist)
+	e := t.alloc()
+	e.key = key
+	if t.hist > 0 {
+		e.x.Store(&entryExt{hist: make([]histSlot, t.hist)})
+	}
 	for i := range t.rules {
 		if t.rules[i].counted() {
 			id, _ := WindowOf(now, t.rules[i].w)
-			e.c[i].win.Store(id)
+			e.ctr(i).win.Store(id)
 		}
 	}
 	e.lastSeen.Store(now)
@@ -193,16 +353,18 @@ func (t *Table) scratch(key string, now int64) *Entry {
 // Len returns the number of entries; it never exceeds MaxKeys.
 func (t *Table) Len() int { return int(t.entries.Load()) }
 
-// rangeEntries calls f for every entry until f returns false.
+// rangeEntries calls f for every entry until f returns false. It sees
+// every entry created before it reached the entry's shard.
 func (t *Table) rangeEntries(f func(e *Entry) bool) {
-	for _, m := range t.shards {
-		ok := true
-		m.Range(func(_ hkey, e *Entry) bool {
-			ok = f(e)
-			return ok
-		})
-		if !ok {
-			return
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock() // orders the creations before it
+		sl := s.tab.Load().e
+		s.mu.Unlock()
+		for j := range sl {
+			if e := sl[j].Load(); e != nil && e != tomb && !f(e) {
+				return
+			}
 		}
 	}
 }
@@ -274,34 +436,46 @@ func (t *Table) Evict(now int64) int {
 func (t *Table) tryEvict(e *Entry, seenBefore int64) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if (t.syncing && e.hasUnsynced()) || e.has(flagSealed) {
+	if (t.syncing && t.hasUnsynced(e)) || e.has(flagSealed) {
 		return false
 	}
 	var words [MaxRules]uint64
-	for i := range e.c {
-		words[i] = e.c[i].word.Load()
+	for i := range t.rules {
+		words[i] = e.ctr(i).word.Load()
 	}
 	e.set(flagDead, true)
 	// A decision that committed after our first look sees the flag and
 	// retries on a fresh entry, or we see its increment here and keep e.
 	changed := e.lastSeen.Load() > seenBefore
-	for i := range e.c {
-		changed = changed || e.c[i].word.Load() != words[i]
+	for i := range t.rules {
+		changed = changed || e.ctr(i).word.Load() != words[i]
 	}
 	if changed {
 		e.set(flagDead, false)
 		return false
 	}
-	k := t.hash(e.key)
-	t.shard(k).Compute(k, func(old *Entry, loaded bool) (*Entry, bool) {
-		return old, loaded && old == e
-	})
+	t.remove(t.hash(e.key), e)
 	t.entries.Add(-1)
 	t.keys.Add(-1)
 	t.evicted.Add(1)
-	t.goneAllow.Add(e.allowed.Load())
-	t.goneDenied.Add(e.denied.Load())
 	return true
+}
+
+// countStripes is the number of decision counters of a table: a decision
+// counts itself in the stripe of its entry's address, so that decisions on
+// different keys seldom write the same cache line (and none writes its
+// entry's line for it).
+const countStripes = 64
+
+// decisionCount is one stripe of a table's decision counters, a cache line.
+type decisionCount struct {
+	allowed, denied atomic.Uint64
+	_               [48]byte
+}
+
+// count returns the decision counters of e's stripe.
+func (t *Table) count(e *Entry) *decisionCount {
+	return &t.decisions[uintptr(unsafe.Pointer(e))>>4%countStripes]
 }
 
 // Stats is a snapshot of a table's counters.
@@ -320,17 +494,17 @@ func (t *Table) Stats() Stats {
 	s := Stats{
 		Evicted: t.evicted.Load(),
 		Dropped: t.dropped.Load(),
-		Allowed: t.goneAllow.Load(),
-		Denied:  t.goneDenied.Load(),
+	}
+	for i := range t.decisions {
+		s.Allowed += t.decisions[i].allowed.Load()
+		s.Denied += t.decisions[i].denied.Load()
 	}
 	t.rangeEntries(func(e *Entry) bool {
 		s.Keys++
-		s.Allowed += e.allowed.Load()
-		s.Denied += e.denied.Load()
 		if t.syncing {
 			e.mu.Lock()
-			for i := range e.c {
-				s.Unsynced += word(e.c[i].word.Load()).count() + e.s[i].unsynced()
+			for i := range t.rules {
+				s.Unsynced += word(e.ctr(i).word.Load()).count() + t.sync(e, i).unsynced()
 			}
 			e.mu.Unlock()
 		}

@@ -8,7 +8,7 @@ const maxBuckets = 64
 // decide1 is decide for a table of one Sliding or Fixed rule: the same
 // steps, with no bookkeeping of other rules.
 func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
-	r, c := &t.rules[0], &e.c[0]
+	r, c := &t.rules[0], &e.c0
 	for {
 		w := word(c.word.Load())
 		if w.rolling() {
@@ -49,21 +49,32 @@ func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
 		if e.has(flagDead) || (t.syncing && t.closed.Load()) {
 			res := reserved{upto: 1}
 			res.words[0], res.wins[0] = nw, win
-			if e.has(flagDead) {
-				t.undoAll(e, &res, n, now)
-				return Decision{}, retry
-			}
-			if t.closedAfterCommit(e, &res, n, now) {
-				return Decision{}, closed
+			if o := t.committed(e, &res, n, now); o != admitted {
+				return Decision{}, o
 			}
 		}
 		e.seen(now)
-		e.allowed.Add(1)
+		t.count(e).allowed.Add(1)
 		if t.syncing {
 			t.touch(e)
 		}
 		return Decision{Allowed: true, Rule: 0, Remaining: rem, ResetAfter: r.resetAfter(prev, cur+n, el)}, admitted
 	}
+}
+
+// committed finishes a decision that committed what res holds and then
+// found e dead or the table closed: it takes the increments back and
+// reports retry or closed, or reports admitted when the final flush took
+// them.
+func (t *Table) committed(e *Entry, res *reserved, n, now int64) outcome {
+	if e.has(flagDead) {
+		t.undoAll(e, res, n, now)
+		return retry
+	}
+	if t.closedAfterCommit(e, res, n, now) {
+		return closed
+	}
+	return admitted
 }
 
 // denied describes a denied request of cost n on e at now: the reported
@@ -118,25 +129,26 @@ func (t *Table) views(e *Entry, now, n int64, dst []Counts) {
 // view reads rule i of e at now without changing it, as if rolled over,
 // for a request of cost n.
 func (t *Table) view(e *Entry, i int, now, n int64) Counts {
-	r, c := &t.rules[i], &e.c[i]
+	r, c := &t.rules[i], e.ctr(i)
 	switch r.kind {
 	case Log:
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		if e.s != nil && e.s[i].obsAt != 0 {
+		x := e.x.Load()
+		if x != nil && x.obs != nil && x.obs[i].at != 0 {
 			// The synchronous mode: the store keeps the log; what its last
 			// decision saw, aged.
-			o, age := e.s[i].obs, now-e.s[i].obsAt
+			o, age := x.obs[i].c, now-x.obs[i].at
 			o.Expire, o.Reset = max(o.Expire-age, 0), max(o.Reset-age, 0)
 			if o.Reset == 0 {
 				o.Cur = 0
 			}
 			return o
 		}
-		if e.log == nil {
+		if x == nil || x.log == nil {
 			return Counts{}
 		}
-		return e.log.counts(r, now, n)
+		return x.log.counts(r, now, n)
 	case GCRA, Leaky:
 		if !t.syncing {
 			return Counts{Tat: c.base.Load() - now}
@@ -203,8 +215,7 @@ func (t *Table) Peek(key string, n, now int64) Decision {
 // node sees them, for a request of cost n, and reports whether the key is
 // tracked (untracked keys read as empty).
 func (t *Table) View(key string, now, n int64, dst []Counts) bool {
-	e, ok := t.load(t.hash(key))
-	if ok {
+	if e := t.load(t.hash(key), key); e != nil {
 		t.views(e, now, n, dst)
 		return true
 	}

@@ -38,7 +38,7 @@ func (r *Rule) estimate(prev, cur, elapsed int64) float64 {
 // admits reports whether a request of cost n fits under the rule when the
 // estimate is est.
 func (r *Rule) admits(est float64, n int64) bool {
-	return est+float64(n) <= r.limitF+Epsilon
+	return est+float64(n) <= r.limitE
 }
 
 // Admits reports whether a request of cost n fits under the rule at elapsed

@@ -157,6 +157,10 @@ func (l *Loop) Backoff() time.Duration { return time.Duration(l.stats.backoff.Lo
 // node's, in nanoseconds.
 func (l *Loop) Offset() int64 { return l.offset.Load() }
 
+// OffsetVar returns the variable holding Offset, for readers that cannot
+// afford a call.
+func (l *Loop) OffsetVar() *atomic.Int64 { return &l.offset }
+
 // ReportError records a store error met outside the loop (a synchronous
 // decision) in the loop's statistics, log and OnError.
 func (l *Loop) ReportError(err error) { l.fail(err) }

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Instructions per decision, counted by callgrind: repeatable on a loaded
+# machine, where timings are not. Each benchmark runs twice under
+# valgrind --tool=callgrind with -test.benchtime N1x and N2x; the
+# instructions per operation are (I2 − I1) / (N2 − N1), so that the
+# process's start, the benchmark's setup and the one-iteration probe run
+# cancel out. Each count is the least of R runs (default 3): the limiter's
+# background goroutine (the coarse clock's ticker) runs by wall time,
+# which valgrind stretches, and adds a few instructions per operation.
+# Decisions also cost a little more once a rule's previous window holds
+# counts (the sliding estimate multiplies), which depends on when the run
+# crosses a window boundary: with a one-second rule, counts of one
+# benchmark vary by about 2 % between runs.
+#
+#   bash scripts/instructions.sh                  # the default benchmarks
+#   bash scripts/instructions.sh 'Floor$' ...     # others (-test.bench patterns)
+#   BIN=/tmp/old.test bash scripts/instructions.sh  # a test binary built elsewhere (go test -c)
+#   N1=100000 N2=300000 R=5 bash scripts/instructions.sh
+#
+# It installs valgrind from Debian's packages when missing. Go under
+# valgrind needs GODEBUG=cpu.rdtscp=off,asyncpreemptoff=1 (set here).
+# A check to read, not a test: it prints and exits 0.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+N1=${N1:-200000}
+N2=${N2:-400000}
+R=${R:-3}
+
+if ! command -v valgrind >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq valgrind >/dev/null
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/hybridlimit-instr.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+if [ -z "${BIN:-}" ]; then
+  go test -c -o "$tmp/hybridlimit.test" .
+  BIN=$tmp/hybridlimit.test
+fi
+
+benches=("$@")
+if [ ${#benches[@]} -eq 0 ]; then
+  benches=(
+    'Floor$'
+    'Allow/mode=local/keys=1$/rules=1$'
+    'Allow/mode=local/keys=1$/rules=4$'
+    'Allow/mode=async/keys=1$/rules=1$'
+    'Allow/mode=async/keys=1$/rules=4$'
+    'Algorithm/keys=1$/algo=sliding$'
+    'Algorithm/keys=1$/algo=bucketed$'
+  )
+fi
+
+# count1 BENCH N prints the instructions callgrind collected for the whole
+# run of the test binary.
+count1() {
+  GODEBUG=cpu.rdtscp=off,asyncpreemptoff=1 valgrind --tool=callgrind \
+    --callgrind-out-file="$tmp/out.$$.$RANDOM" \
+    "$BIN" -test.run '^$' -test.bench "$1" -test.cpu 1 -test.benchtime "$2x" \
+    2>"$tmp/err" >/dev/null || { cat "$tmp/err" >&2; return 1; }
+  sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$tmp/err"
+}
+
+# count BENCH N prints the least count of R runs.
+count() {
+  for _ in $(seq "$R"); do count1 "$1" "$2"; done | sort -n | head -1
+}
+
+printf '%-40s %14s\n' benchmark instructions/op
+for b in "${benches[@]}"; do
+  i1=$(count "$b" "$N1")
+  i2=$(count "$b" "$N2")
+  awk -v b="$b" -v i1="$i1" -v i2="$i2" -v n1="$N1" -v n2="$N2" \
+    'BEGIN { printf "%-40s %14.1f\n", b, (i2 - i1) / (n2 - n1) }'
+done
