@@ -191,6 +191,7 @@ const (
 // entryC is an entry with the counters of rules 1… after it.
 type entryC[C any] struct {
 	Entry
+	//lint:ignore U1000 read and written through offsets from c0 (Entry.ctr)
 	c C
 }
 
@@ -198,6 +199,7 @@ type entryC[C any] struct {
 // after it.
 type entryCS[C, S any] struct {
 	Entry
+	//lint:ignore U1000 read and written through offsets from c0 (Entry.ctr)
 	c C
 	s S
 }
