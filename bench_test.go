@@ -228,6 +228,38 @@ func BenchmarkSyncCycle(b *testing.B) {
 	b.ReportMetric(float64(nkeys)*float64(b.N)/b.Elapsed().Seconds(), "keys/s")
 }
 
+// BenchmarkDecision is one warm decision on one key from one goroutine,
+// in the same loop as BenchmarkFloor (b.Loop), so that the two compare:
+// the cost of a decision over the floor of a map load and an atomic add.
+// scripts/instructions.sh counts its instructions under callgrind.
+func BenchmarkDecision(b *testing.B) {
+	for _, mode := range []hybridlimit.Mode{hybridlimit.ModeLocal, hybridlimit.ModeAsync} {
+		for _, nrules := range []int{1, 4} {
+			b.Run(fmt.Sprintf("mode=%v/rules=%d", mode, nrules), func(b *testing.B) {
+				cfg := hybridlimit.Config{Rules: benchRules[nrules], Mode: mode}
+				if mode == hybridlimit.ModeAsync {
+					cfg.Store, cfg.Manual = store.NewMemory(nil), true
+				}
+				l, err := hybridlimit.New(cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer l.Close(context.Background())
+				ctx := context.Background()
+				if _, err := l.Allow(ctx, "client-0"); err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					if res, err := l.Allow(ctx, "client-0"); err != nil || !res.Allowed {
+						b.Fatal(err, res)
+					}
+				}
+			})
+		}
+	}
+}
+
 // BenchmarkFloor is the floor the guide measured: an xsync map load and one
 // atomic add, no limiter logic. Compare BenchmarkAllow with it in one run.
 func BenchmarkFloor(b *testing.B) {

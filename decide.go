@@ -77,9 +77,12 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // done ctx; store failures are decided by the FailurePolicy and reported in
 // Result.Degraded.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, error) {
-	t, kp, err := l.route(key, n, "AllowN")
-	if err != nil {
-		return Result{Rule: -1}, err
+	t, kp := l.def, (*keyPolicy)(nil)
+	if !l.plain(key, n) {
+		var err error
+		if t, kp, err = l.route(key, n, "AllowN"); err != nil {
+			return Result{Rule: -1}, err
+		}
 	}
 	if kp != nil {
 		if b := kp.blocked(l.clock.now()); b != nil {

@@ -94,7 +94,8 @@ func New(cfg Config) (*Limiter, error) {
 		longest = max(longest, t.longest)
 	}
 	l.def = l.tiers[0]
-	l.pol.prefix, l.pol.tiers = cfg.Prefix, l.byName
+	l.pol.prefix, l.pol.tiers, l.pol.tierOf = cfg.Prefix, l.byName, cfg.TierOf != nil
+	l.pol.active.Store(l.pol.tierOf)
 	if cfg.Mode == ModeLocal {
 		l.pol.st = store.NewMemory(cfg.Clock)
 	} else if ps, ok := cfg.Store.(store.PolicyStore); ok {

@@ -111,7 +111,8 @@ type policies struct {
 	st     store.PolicyStore // nil: the store keeps none
 	prefix string
 	tiers  map[string]*tier
-	active atomic.Bool // some policy is cached: decisions look keys up
+	active atomic.Bool // some policy is cached, or tierOf: decisions take Limiter.route
+	tierOf bool        // Config.TierOf is set
 	snap   atomic.Pointer[policySnap]
 
 	mu      sync.Mutex // one reload at a time; guards version
@@ -194,7 +195,7 @@ func (p *policies) reload(ctx context.Context, force bool) error {
 		}
 	}
 	p.snap.Store(&s)
-	p.active.Store(len(ps) > 0)
+	p.active.Store(len(ps) > 0 || p.tierOf)
 	p.version, p.loaded = v, true
 	return nil
 }

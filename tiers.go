@@ -75,22 +75,29 @@ func (t *tier) fresh() Result {
 	return Result{Allowed: true, Rule: t.minRule, Limit: r.Limit, Window: r.Window, Remaining: r.maxCost(), Tier: t.name}
 }
 
+// plain reports whether key and n are valid and key goes to the default
+// tier with no policy: route's answer is then (l.def, nil, nil). It is
+// inlined in AllowN, which skips route then.
+func (l *Limiter) plain(key string, n int64) bool {
+	return !l.pol.active.Load() && !l.closed.Load() && uint(len(key)-1) < uint(l.cfg.MaxKeyLen) && uint64(n-1) < uint64(l.def.minCost)
+}
+
 // route checks key and n and returns the tier that decides key (the tier
 // of its override, if any, else the one Config.TierOf names, else the
 // default) and key's policies (nil when it has none).
 func (l *Limiter) route(key string, n int64, op string) (*tier, *keyPolicy, error) {
-	if l.closed.Load() || uint(len(key)-1) >= uint(l.cfg.MaxKeyLen) { // 1 ≤ len(key) ≤ MaxKeyLen
+	if l.closed.Load() || uint(len(key)-1) >= uint(l.cfg.MaxKeyLen) {
 		return nil, nil, l.keyError(key)
 	}
 	t := l.def
 	var kp *keyPolicy
-	if l.pol.active.Load() || l.cfg.TierOf != nil {
+	if l.pol.active.Load() {
 		var err error
 		if t, kp, err = l.policyRoute(key); err != nil {
 			return nil, nil, err
 		}
 	}
-	if uint64(n-1) >= uint64(t.minCost) { // 1 ≤ n ≤ minCost
+	if uint64(n-1) >= uint64(t.minCost) {
 		return nil, nil, t.costError(op, n)
 	}
 	return t, kp, nil
@@ -112,10 +119,8 @@ func (l *Limiter) keyError(key string) error {
 func (l *Limiter) policyRoute(key string) (*tier, *keyPolicy, error) {
 	var t *tier
 	var kp *keyPolicy
-	if l.pol.active.Load() {
-		if kp = l.pol.lookup(key); kp != nil {
-			t = kp.override(l.clock.now())
-		}
+	if kp = l.pol.lookup(key); kp != nil {
+		t = kp.override(l.clock.now())
 	}
 	if t == nil {
 		var err error

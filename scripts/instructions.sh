@@ -45,6 +45,9 @@ benches=("$@")
 if [ ${#benches[@]} -eq 0 ]; then
   benches=(
     'Floor$'
+    'Decision/mode=local/rules=1$'
+    'Decision/mode=local/rules=4$'
+    'Decision/mode=async/rules=1$'
     'Allow/mode=local/keys=1$/rules=1$'
     'Allow/mode=local/keys=1$/rules=4$'
     'Allow/mode=async/keys=1$/rules=1$'
