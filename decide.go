@@ -77,6 +77,18 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // done ctx; store failures are decided by the FailurePolicy and reported in
 // Result.Degraded.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, error) {
+	if l.direct && l.plain(key, n) {
+		t := l.def
+		if i, rem, reset := t.table.Allow1(key, n, l.clock.now()); i >= 0 {
+			r := &t.cfg[i]
+			return Result{Allowed: true, Rule: i, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset), Tier: t.name}, nil
+		}
+	}
+	return l.allowN(ctx, key, n)
+}
+
+// allowN is AllowN past its common case.
+func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Result, error) {
 	t, kp := l.def, (*keyPolicy)(nil)
 	if !l.plain(key, n) {
 		var err error
@@ -96,10 +108,6 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 		return l.failClosed(t), nil
 	}
 	now := l.clock.now()
-	if i, rem, reset := t.table.Allow1(key, n, now); i >= 0 {
-		r := &t.cfg[i]
-		return Result{Allowed: true, Rule: i, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset), Tier: t.name}, nil
-	}
 	d, st := t.table.Allow(key, n, now)
 	if st != local.Decided {
 		return l.undecided(t, st, n)

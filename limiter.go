@@ -47,6 +47,10 @@ type Limiter struct {
 	loop   *syncloop.Loop // nil in ModeLocal
 	clock  *clusterClock
 	sync   *synchronous // nil unless ModeSynchronous
+	// direct: a decision may go straight to the table (not
+	// ModeSynchronous, and not FailClosed in ModeAsync, which first asks
+	// whether the store failed).
+	direct bool
 
 	untrackedAllowed atomic.Uint64
 	untrackedDenied  atomic.Uint64
@@ -143,6 +147,7 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.Mode == ModeSynchronous {
 		l.sync = newSynchronous(l)
 	}
+	l.direct = l.sync == nil && !(cfg.FailurePolicy == FailClosed && l.loop != nil)
 	l.start(longest, rate)
 	return l, nil
 }

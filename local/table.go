@@ -389,23 +389,19 @@ func (t *Table) touch(e *Entry) {
 	t.qmu.Unlock()
 }
 
-// Touched moves the entries queued since the last call into dst (reusing
-// its storage) and unqueues them, so that a decision after this call
-// queues its entry again.
+// Touched returns the entries queued since the last call and unqueues
+// them, so that a decision after this call queues its entry again. The
+// table keeps dst's storage (which the caller must have cleared) for the
+// next queue: the two alternate, and nothing is copied.
 func (t *Table) Touched(dst []*Entry) []*Entry {
 	t.qmu.Lock()
-	dst = append(dst[:0], t.queue...)
-	clear(t.queue)
-	if cap(t.queue) > 4096 && len(t.queue) < cap(t.queue)/4 {
-		t.queue = nil // do not pin the storage of an unusually large cycle
-	} else {
-		t.queue = t.queue[:0]
-	}
+	q := t.queue
+	t.queue = dst[:0]
 	t.qmu.Unlock()
-	for _, e := range dst {
+	for _, e := range q {
 		e.set(flagQueued, false)
 	}
-	return dst
+	return q
 }
 
 // Requeue queues e for the next sync cycle again.

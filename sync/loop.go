@@ -71,9 +71,9 @@ type Loop struct {
 	mu       sync.Mutex // one cycle at a time; guards the fields below
 	flushing bool
 	seq      uint64
-	doubt    []*batch // batches in doubt, in the order they were first sent
-	entries  []owned
-	scratch  []*local.Entry
+	doubt    []*batch         // batches in doubt, in the order they were first sent
+	entries  []owned          // one chunk being sent
+	scratch  [][]*local.Entry // per table, the entries touched (touched)
 	free     []*batch
 
 	stats   counters
@@ -111,17 +111,48 @@ type owned struct {
 	e *local.Entry
 }
 
-// touched returns in dst's storage every table's touched entries.
-func (l *Loop) touched(dst []owned) []owned {
-	dst = dst[:0]
-	for _, t := range l.cfg.Tables {
-		l.scratch = t.Touched(l.scratch)
-		for _, e := range l.scratch {
-			dst = append(dst, owned{t, e})
-		}
-		clear(l.scratch)
+// touched moves every table's touched entries into l.scratch (one list
+// per table) and returns how many there are.
+func (l *Loop) touched() int {
+	if len(l.scratch) != len(l.cfg.Tables) {
+		l.scratch = make([][]*local.Entry, len(l.cfg.Tables))
 	}
-	return dst
+	n := 0
+	for i, t := range l.cfg.Tables {
+		l.scratch[i] = t.Touched(l.scratch[i])
+		n += len(l.scratch[i])
+	}
+	return n
+}
+
+// sendTouched sends l.scratch's entries in chunks, the batches in doubt
+// first, and empties l.scratch. A list longer than a few chunks is
+// dropped rather than kept for a later cycle: memory after a large cycle
+// is the table's queue alone.
+func (l *Loop) sendTouched(ctx context.Context, final bool) result {
+	var res result
+	sent := false
+	for i, t := range l.cfg.Tables {
+		list := l.scratch[i]
+		for from := 0; from < len(list); from += chunk {
+			for _, e := range list[from:min(from+chunk, len(list))] {
+				l.entries = append(l.entries, owned{t, e})
+			}
+			res.add(l.send(ctx, l.entries, final))
+			clear(l.entries)
+			l.entries = l.entries[:0]
+			sent = true
+		}
+		clear(list)
+		if cap(list) > 4*chunk {
+			list = nil
+		}
+		l.scratch[i] = list[:0]
+	}
+	if !sent && len(l.doubt) > 0 {
+		res.add(l.send(ctx, nil, final))
+	}
+	return res
 }
 
 // all returns every entry of every table.
@@ -210,8 +241,8 @@ func (l *Loop) Cycle(ctx context.Context) error {
 	start := l.cfg.Clock.Now()
 	l.stats.running.Store(start.UnixNano())
 	defer l.stats.running.Store(0)
-	l.entries = l.touched(l.entries)
-	if len(l.entries) == 0 && len(l.doubt) == 0 {
+	keys := l.touched()
+	if keys == 0 && len(l.doubt) == 0 {
 		if l.failing.Load() {
 			// Nothing to send, but the store was failing: probe it, so
 			// that a fail-closed limiter learns that it is back.
@@ -223,14 +254,12 @@ func (l *Loop) Cycle(ctx context.Context) error {
 		return nil
 	}
 	l.cycleFailed = map[int]bool{}
-	res := l.sendAll(ctx, l.entries, false)
+	res := l.sendTouched(ctx, false)
 	failed := l.cycleFailed
 	l.failed.Store(&failed)
 	if res.applied == 0 && res.failed > 0 {
 		res.down = l.probe(ctx) != nil // a failed probe marks every group failing
 	}
-	keys := len(l.entries)
-	clear(l.entries)
 	end := l.cfg.Clock.Now()
 	l.stats.cycle(start, end, keys)
 	if d := end.Sub(start); d > l.cfg.Rate {
@@ -562,8 +591,7 @@ func (l *Loop) Flush(ctx context.Context) error {
 	wait := 10 * time.Millisecond
 	for {
 		// What failed went back to its entries, which are queued again.
-		l.entries = l.touched(l.entries)
-		if len(l.entries) == 0 && len(l.doubt) == 0 {
+		if l.touched() == 0 && len(l.doubt) == 0 {
 			return nil
 		}
 		t := time.NewTimer(wait) // wall time, like ctx: Close waits in real time
@@ -577,7 +605,7 @@ func (l *Loop) Flush(ctx context.Context) error {
 		// Final takes again: an entry that a decision racing with Close
 		// created or touched after the first pass is sealed now, so that
 		// what this pass pushes is what the decisions report admitted.
-		l.sendAll(ctx, l.entries, true)
+		l.sendTouched(ctx, true)
 	}
 }
 
