@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"runtime"
 	"strconv"
 	"sync"
@@ -89,7 +90,7 @@ func benchLocal(b *testing.B, im impl, nkeys int, rules []limit, procs int) {
 // counter operations it sent per decision during the run.
 func BenchmarkDistributed(b *testing.B) {
 	for _, im := range distImpls {
-		for _, g := range []int{1, 16, 64} {
+		for _, g := range []int{1, 16, 64, 256} {
 			name := fmt.Sprintf("impl=%s/keys=1k/rules=1/goroutines=%d", im.name, g)
 			b.Run(name, func(b *testing.B) { benchDistributed(b, im, g) })
 		}
@@ -152,6 +153,12 @@ func BenchmarkSync(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("impl=pipeline-incrby-expire/keys=%s", count(nkeys)), func(b *testing.B) {
 			benchSyncPipeline(b, nkeys)
+		})
+		b.Run(fmt.Sprintf("impl=multi-incrby/keys=%s", count(nkeys)), func(b *testing.B) {
+			benchSyncMulti(b, nkeys)
+		})
+		b.Run(fmt.Sprintf("impl=pipeline-hincrby/keys=%s", count(nkeys)), func(b *testing.B) {
+			benchSyncHash(b, nkeys)
 		})
 	}
 }
@@ -227,6 +234,98 @@ func benchSyncPipeline(b *testing.B, nkeys int) {
 			}
 		}
 	}
+	run(ctx)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		run(ctx)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N*nkeys)/b.Elapsed().Seconds(), "keys/s")
+}
+
+// benchSyncMulti is the cheapest shape of a sync cycle with one counter
+// per key: INCRBY per key in MULTI/EXEC transactions of 512 (the size of
+// hybridlimit's batches), pipelined, with no expiry; the totals read back.
+func benchSyncMulti(b *testing.B, nkeys int) {
+	c := redistest.Client(b)
+	prefix := redistest.Prefix(b)
+	keys := make([]string, nkeys)
+	for i, k := range keyNames(nkeys) {
+		keys[i] = prefix + ":{" + k + "}:60000:" + strconv.FormatInt(time.Now().UnixMilli()/60000, 10)
+	}
+	run := func(ctx context.Context) {
+		pipe := c.Pipeline()
+		var execs []*redis.Cmd
+		for from := 0; from < len(keys); from += 512 {
+			pipe.Do(ctx, "MULTI")
+			for i := from; i < min(from+512, len(keys)); i++ {
+				pipe.Do(ctx, "INCRBY", keys[i], 1) // QUEUED
+			}
+			execs = append(execs, pipe.Do(ctx, "EXEC"))
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
+		n := 0
+		for _, cmd := range execs { // the totals, as a sync reads them
+			totals, err := cmd.Slice()
+			if err != nil {
+				b.Fatal(err)
+			}
+			n += len(totals)
+		}
+		if n != len(keys) {
+			b.Fatalf("%d totals, want %d", n, len(keys))
+		}
+	}
+	runSyncShape(b, nkeys, run)
+}
+
+// benchSyncHash is the other layout: the counters of a window as fields of
+// 64 hashes (by a hash of the key), HINCRBY per key and one PEXPIRE per
+// hash per cycle, pipelined; the totals read back. Fewer keys and expiries
+// for the server, but every counter of a hash is in one Cluster slot.
+func benchSyncHash(b *testing.B, nkeys int) {
+	c := redistest.Client(b)
+	prefix := redistest.Prefix(b)
+	const shards = 64
+	win := strconv.FormatInt(time.Now().UnixMilli()/60000, 10)
+	hashes := make([]string, shards)
+	for i := range hashes {
+		hashes[i] = prefix + ":h" + strconv.Itoa(i) + ":60000:" + win
+	}
+	keys := keyNames(nkeys)
+	shard := make([]int, nkeys)
+	for i, k := range keys {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(k))
+		shard[i] = int(h.Sum32() % shards)
+	}
+	run := func(ctx context.Context) {
+		pipe := c.Pipeline()
+		incr := make([]*redis.IntCmd, len(keys))
+		for i, k := range keys {
+			incr[i] = pipe.HIncrBy(ctx, hashes[shard[i]], k, 1)
+		}
+		for _, h := range hashes {
+			pipe.PExpire(ctx, h, 2*time.Minute)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
+		for _, cmd := range incr {
+			if _, err := cmd.Result(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	runSyncShape(b, nkeys, run)
+}
+
+// runSyncShape times run as a benchmark of sync cycles over nkeys keys,
+// after one run that creates the keys.
+func runSyncShape(b *testing.B, nkeys int, run func(context.Context)) {
 	run(ctx)
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -48,11 +48,7 @@ if [ ${#benches[@]} -eq 0 ]; then
     'Decision/mode=local/rules=1$'
     'Decision/mode=local/rules=4$'
     'Decision/mode=async/rules=1$'
-    'Allow/mode=local/keys=1$/rules=1$'
-    'Allow/mode=local/keys=1$/rules=4$'
-    'Allow/mode=async/keys=1$/rules=1$'
-    'Allow/mode=async/keys=1$/rules=4$'
-    'Algorithm/keys=1$/algo=sliding$'
+    'Decision/mode=async/rules=4$'
     'Algorithm/keys=1$/algo=bucketed$'
   )
 fi
