@@ -1,0 +1,188 @@
+package local
+
+import (
+	"math"
+	"sync/atomic"
+)
+
+// Allow1's fast paths: the common decisions, taken without building a
+// Decision, that Allow takes again from the start when they cannot decide.
+
+// Allow1 is the common case of Allow alone, written out so that it
+// returns what a decision needs in registers: a table of one to four
+// Sliding, Fixed or Buckets rules without the share policy, a tracked key
+// found at its first slot, every counter in its window, admitted at the
+// first compare-and-swap of each (or one such rule under the share
+// policy). When rule is not negative, the request
+// was admitted and counted, and rule, the tightest rule, has remaining and
+// resetAfter (ns) after it. Otherwise nothing was counted: call Allow,
+// which decides from the start.
+func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfter int64) {
+	if t.fast == 0 || t.closed.Load() {
+		return -1, 0, 0
+	}
+	h := t.hash(key)
+	sl := t.shardOf(h).tab.Load().e
+	e := sl[h&uint64(len(sl)-1)].Load()
+	if e == nil || e.key != key {
+		return -1, 0, 0
+	}
+	if t.fast != 1 {
+		if t.fast == 2 {
+			return t.allowWindows(e, n, now)
+		}
+		return t.allowShare(e, n, now)
+	}
+	r, c := t.rule0, &e.c0
+	w := word(c.word.Load())
+	win := c.win.Load()
+	el := now - win*r.w
+	if w.rolling() || uint64(el) >= uint64(r.w) {
+		return -1, 0, 0
+	}
+	prev, cur := c.prev.Load(), c.base.Load()+w.count()
+	est := r.estimate(prev, cur, el)
+	if !r.admits(est, n) {
+		return -1, 0, 0
+	}
+	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
+		return -1, 0, 0
+	}
+	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
+		res := reserved{upto: 1}
+		res.words[0], res.wins[0] = w.plus(n), win
+		if t.committed(e, &res, n, now) != admitted {
+			return -1, 0, 0 // taken back: Allow retries on a fresh entry, or finds the table closed
+		}
+	}
+	e.seen(now)
+	t.count(e).allowed.Add(1)
+	if t.syncing {
+		t.touch(e)
+	}
+	return 0, r.remaining(est + float64(n)), r.resetAfter(prev, cur+n, el)
+}
+
+// allowShare is Allow1 for one Sliding or Fixed rule under the share
+// policy: decide1's steps, as Allow1 takes them.
+func (t *Table) allowShare(e *Entry, n, now int64) (rule int, remaining, resetAfter int64) {
+	r, c := t.rule0, &e.c0
+	w := word(c.word.Load())
+	win := c.win.Load()
+	el := now - win*r.w
+	if w.rolling() || uint64(el) >= uint64(r.w) {
+		return -1, 0, 0
+	}
+	prev, cur := c.prev.Load(), c.base.Load()+w.count()
+	est := r.estimate(prev, cur, el)
+	if !r.admits(est, n) {
+		return -1, 0, 0
+	}
+	remaining = r.remaining(est + float64(n))
+	if _, room, applies := t.shareRoomOf(e, 0, prev, cur, win, el); applies {
+		if float64(n) > room+Epsilon {
+			return -1, 0, 0
+		}
+		remaining = min(remaining, int64(max(room-float64(n), 0)))
+	}
+	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
+		return -1, 0, 0
+	}
+	if e.has(flagDead) || t.closed.Load() {
+		res := reserved{upto: 1}
+		res.words[0], res.wins[0] = w.plus(n), win
+		if t.committed(e, &res, n, now) != admitted {
+			return -1, 0, 0
+		}
+	}
+	e.seen(now)
+	t.count(e).allowed.Add(1)
+	t.touch(e)
+	return 0, remaining, r.resetAfter(prev, cur+n, el)
+}
+
+// allowWindows is Allow1 for several rules, or Buckets: each rule is checked and
+// counted in turn, as decide does; when one cannot be, the rules before it
+// are taken back.
+func (t *Table) allowWindows(e *Entry, n, now int64) (rule int, remaining, resetAfter int64) {
+	var words [4]word
+	var wins [4]int64
+	remaining = math.MaxInt64
+	for i := range t.rules {
+		var nw word
+		var win, rem, reset int64
+		var ok bool
+		if r := &t.rules[i]; r.kind == Buckets {
+			nw, win, rem, reset, ok = r.takeBuckets(e.ctr(i), t.closedSum(e, i), n, now)
+		} else {
+			nw, win, rem, reset, ok = r.take(e.ctr(i), n, now)
+		}
+		if !ok {
+			for j := range i {
+				t.undo(e, j, words[j&3], wins[j&3], n)
+			}
+			return -1, 0, 0
+		}
+		words[i&3], wins[i&3] = nw, win
+		if rem < remaining { // as decide's fold: the first of the least remaining
+			rule, remaining, resetAfter = i, rem, reset
+		}
+	}
+	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
+		res := reserved{upto: len(t.rules)}
+		copy(res.words[:], words[:])
+		copy(res.wins[:], wins[:])
+		if t.committed(e, &res, n, now) != admitted {
+			return -1, 0, 0
+		}
+	}
+	e.seen(now)
+	t.count(e).allowed.Add(1)
+	if t.syncing {
+		t.touch(e)
+	}
+	return rule, remaining, resetAfter
+}
+
+// take counts a request of cost n at now on c, a Sliding or Fixed rule's
+// counter, if it is in its window and the rule admits the request, with
+// one compare-and-swap, and returns the word committed, its window, and
+// what the rule still admits after the request and when it resets (as
+// decide's fold computes them). It reports false, counting nothing,
+// otherwise.
+func (r *Rule) take(c *counter, n, now int64) (nw word, win, remaining, resetAfter int64, ok bool) {
+	w := word(c.word.Load())
+	win = c.win.Load()
+	el := now - win*r.w
+	if w.rolling() || uint64(el) >= uint64(r.w) {
+		return 0, 0, 0, 0, false
+	}
+	prev, cur := c.prev.Load(), c.base.Load()+w.count()
+	if !r.admitsWindow(prev, cur, el, n) {
+		return 0, 0, 0, 0, false
+	}
+	nw = w.plus(n)
+	if !c.word.CompareAndSwap(uint64(w), uint64(nw)) {
+		return 0, 0, 0, 0, false
+	}
+	return nw, win, r.remaining(r.estimate(prev, cur+n, el)), r.resetAfter(prev, cur+n, el), true
+}
+
+// takeBuckets is take for a Buckets rule, whose closed buckets in the
+// counter's window sum to sum.
+func (r *Rule) takeBuckets(c *counter, sum *atomic.Int64, n, now int64) (nw word, win, remaining, resetAfter int64, ok bool) {
+	w := word(c.word.Load())
+	win = c.win.Load()
+	el := now - win*r.w
+	if w.rolling() || uint64(el) >= uint64(r.w) {
+		return 0, 0, 0, 0, false
+	}
+	total := sum.Load() + c.base.Load() + w.count() + n
+	nw = w.plus(n)
+	if total > r.limit || !c.word.CompareAndSwap(uint64(w), uint64(nw)) {
+		return 0, 0, 0, 0, false
+	}
+	// As fold for a running sum: the current bucket holds some of the
+	// total, so the rule resets when it leaves the window.
+	return nw, win, max(r.limit-total, 0), r.span*r.w - el, true
+}

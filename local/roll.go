@@ -1,0 +1,115 @@
+package local
+
+import "sync/atomic"
+
+// Rollovers: a counter moving to a new window, and the closed buckets of
+// Buckets rules it leaves behind.
+
+// histAdd adds d to the closed bucket id of rule i, if it is kept. Call
+// with e.mu held.
+func (t *Table) histAdd(e *Entry, i int, id, d int64) {
+	s := &e.x.Load().hist[t.histOff[i]+int(id%t.rules[i].span)]
+	if s.id.Load() == id {
+		s.n.Add(d)
+		if t.inWindow(e, i, id) {
+			t.closedSum(e, i).Add(d)
+		}
+	}
+}
+
+// closedSum returns the running sum of rule i's closed buckets in its
+// counter's current window (Buckets). It changes under e.mu only.
+func (t *Table) closedSum(e *Entry, i int) *atomic.Int64 {
+	return &e.x.Load().hist[t.histOff[i]+int(t.rules[i].span)].n
+}
+
+// inWindow reports whether the closed bucket id of rule i is in its
+// counter's current window. Call with e.mu held.
+func (t *Table) inWindow(e *Entry, i int, id int64) bool {
+	win := e.ctr(i).win.Load()
+	return win-t.rules[i].span < id && id < win
+}
+
+// resum recomputes rule i's running sum of closed buckets from its slots.
+// Call with e.mu held.
+func (t *Table) resum(e *Entry, i int) {
+	r := &t.rules[i]
+	h := e.x.Load().hist[t.histOff[i] : t.histOff[i]+int(r.span)]
+	win := e.ctr(i).win.Load()
+	sum := int64(0)
+	for id := win - r.span + 1; id < win; id++ {
+		if s := &h[id%r.span]; s.id.Load() == id {
+			sum += s.n.Load()
+		}
+	}
+	t.closedSum(e, i).Store(sum)
+}
+
+// roll moves rule i of e to window id if it is behind it, and reports
+// false, changing nothing, if e was sealed by the final flush.
+func (t *Table) roll(e *Entry, i int, id, now int64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.has(flagSealed) {
+		return false
+	}
+	t.rollLocked(e, i, id, now)
+	return true
+}
+
+// rollLocked moves rule i of e to window id if it is behind. Call with
+// e.mu held.
+func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
+	c := e.ctr(i)
+	old := c.win.Load()
+	if old >= id {
+		return
+	}
+	w := freeze(c)
+	p := w.count()
+	total := c.base.Load() + p
+	if id == old+1 {
+		c.prev.Store(total)
+	} else {
+		c.prev.Store(0)
+	}
+	buckets := t.rules[i].kind == Buckets
+	if buckets {
+		s := &e.x.Load().hist[t.histOff[i]+int(old%t.rules[i].span)]
+		s.id.Store(old)
+		s.n.Store(total)
+	}
+	if t.syncing {
+		s := t.sync(e, i)
+		// What this node still owes the window that stops being the
+		// previous one is pushed later, as stale.
+		dropped := s.stash(old-1, s.prevPending)
+		if id == old+1 {
+			s.prevPending, s.prevInflight = p+s.adj, s.inflight
+			s.prevReadUntil = now + t.readPrev
+		} else {
+			dropped += s.stash(old, p+s.adj)
+			s.prevPending, s.prevInflight, s.prevReadUntil = 0, 0, 0
+		}
+		s.inflight, s.adj = 0, 0
+		t.addDropped(dropped)
+	}
+	c.base.Store(0)
+	c.win.Store(id)
+	if buckets {
+		t.resum(e, i) // before the word: a decision that reads it reads the sum of its window
+	}
+	c.word.Store(uint64(w.next()))
+}
+
+// freeze sets the rolling flag on c's word and returns the word before:
+// decisions that see the flag wait on the entry's mutex, which the caller
+// holds, until it stores the next word.
+func freeze(c *counter) word {
+	for {
+		w := word(c.word.Load())
+		if c.word.CompareAndSwap(uint64(w), uint64(w|rollingBit)) {
+			return w
+		}
+	}
+}
