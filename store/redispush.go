@@ -1,0 +1,121 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The Redis store's Push: one push script call per batch, in one pipeline
+// per lane and server.
+
+// Push implements Store.
+func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
+	if err := ctx.Err(); err != nil {
+		for _, b := range batches {
+			b.Status, b.Err = Failed, err
+		}
+		return err
+	}
+	s.lanes(len(batches), func(i int) int { return batches[i].Group % s.o.Lanes }, func(items []int) {
+		sent := s.now()
+		var send []int
+		addrs := make(map[int]string, len(items))
+		// One breaker decision per server and call: a circuit that opens or
+		// half-opens during the call must not refuse an older batch of a
+		// group and let a newer one through, which the older one's marker
+		// would then take for applied.
+		allowed := map[int]bool{}
+		for _, i := range items {
+			b := batches[i]
+			ok, seen := allowed[b.Group]
+			addr := ""
+			if !seen {
+				addr, ok = s.allow(ctx, b.Group)
+				allowed[b.Group] = ok
+			} else if ok {
+				addr = s.server(ctx, b.Group)
+			}
+			if !ok {
+				b.Status, b.Err = Failed, errOpen
+				continue
+			}
+			addrs[i] = addr
+			send = append(send, i)
+		}
+		s.perServer(send, addrs, func(send []int) {
+			s.pushCalls(ctx, batches, send, addrs, sent)
+		})
+	})
+	return nil
+}
+
+// pushCalls sends batches[i] for every i in send as one pipeline, and sets
+// their results; sent is when the lane began, for the breaker.
+func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, addrs map[int]string, sent time.Time) {
+	if len(send) == 0 {
+		return
+	}
+	ttl := markerTTL.Milliseconds()
+	// EVAL, not EVALSHA: a server without the script cached would fail
+	// one batch and run the next of its group, out of order.
+	cmds := s.exec(ctx, pushScript, true, send, func(i int) ([]string, []any) {
+		b := batches[i]
+		keys := make([]string, 1+len(b.Ops))
+		keys[0] = markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node)
+		argv := make([]any, 2+2*len(b.Ops))
+		argv[0], argv[1] = b.Seq, ttl
+		for j := range b.Ops {
+			op := &b.Ops[j]
+			keys[1+j] = CounterKey(b.Prefix, op.Counter)
+			argv[2+2*j], argv[3+2*j] = op.Delta, op.Rate
+		}
+		return keys, argv
+	})
+	outcome := make(map[string]error, 1)
+	for k, i := range send {
+		s.readPush(cmds[k], batches[i])
+		s.merge(outcome, addrs[i], cmdErr(cmds[k]))
+	}
+	s.reportAll(ctx, outcome, sent)
+}
+
+// readPush sets b's results from its script call.
+func (s *Redis) readPush(cmd *redis.Cmd, b *Batch) {
+	if err := cmdErr(cmd); err != nil {
+		b.Status = InDoubt
+		if isReply(err) {
+			b.Status = Failed
+		}
+		b.Err = fmt.Errorf("store: redis push of %d counters: %w", len(b.Ops), err)
+		return
+	}
+	vals, err := cmd.Slice()
+	if err == nil && len(vals) != 1+len(b.Ops) {
+		err = fmt.Errorf("push script replied %d values, want %d", len(vals), 1+len(b.Ops))
+	}
+	if err != nil {
+		// The script ran to its end (a reply came), but the reply makes
+		// no sense: the batch was applied; its totals are unknown.
+		b.Status, b.Err = Applied, fmt.Errorf("store: redis push: %w", err)
+		b.Totals = resize(b.Totals, len(b.Ops))
+		clear(b.Totals)
+		return
+	}
+	b.Status, b.Err = Applied, nil
+	b.Totals = resize(b.Totals, len(b.Ops))
+	for j := range b.Ops {
+		switch v := vals[1+j].(type) {
+		case int64:
+			b.Totals[j] = v
+		case error:
+			b.Totals[j] = 0
+			b.Err = fmt.Errorf("store: redis counter %q: %w", CounterKey(b.Prefix, b.Ops[j].Counter), v)
+		default:
+			b.Totals[j] = 0
+			b.Err = fmt.Errorf("store: redis counter %q: the push script replied %T, want an integer", CounterKey(b.Prefix, b.Ops[j].Counter), v)
+		}
+	}
+}

@@ -1,0 +1,256 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit/local"
+)
+
+// The Redis store's Take: the synchronous decisions, one take script call
+// per group, prefix and set of rules.
+
+// Take implements Store. The requests of one group and one set of rules
+// go out as one script call.
+func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
+	if err := ctx.Err(); err != nil {
+		for _, r := range reqs {
+			r.Status, r.Err = Failed, err
+		}
+		return err
+	}
+	type call struct {
+		group int
+		reqs  []*TakeRequest
+		seq   uint64
+	}
+	type callKey struct {
+		group  int
+		prefix string
+		rules  *local.Rule
+		n      int
+	}
+	var calls []*call
+	index := map[callKey]*call{}
+	for _, r := range reqs {
+		if err := r.check(); err != nil {
+			r.Status, r.Err = Failed, err
+			continue
+		}
+		g := s.Group(r.Key)
+		k := callKey{g, r.Prefix, &r.Rules[0], len(r.Rules)}
+		c := index[k]
+		if c == nil {
+			c = &call{group: g}
+			index[k] = c
+			calls = append(calls, c)
+		}
+		c.reqs = append(c.reqs, r)
+	}
+	ttl := int64(time.Minute / time.Millisecond)
+	s.lanes(len(calls), func(i int) int { return calls[i].group % s.o.Lanes }, func(items []int) {
+		sent := s.now()
+		stream := s.stream()
+		defer s.releaseStream(stream)
+		node := s.node + "." + strconv.Itoa(stream)
+		var send []int
+		addrs := make(map[int]string, len(items))
+		for _, i := range items {
+			c := calls[i]
+			addr, ok := s.allow(ctx, c.group)
+			if !ok {
+				for _, r := range c.reqs {
+					r.Status, r.Err = Failed, errOpen
+				}
+				continue
+			}
+			addrs[i] = addr
+			c.seq = s.seq.Add(1)
+			send = append(send, i)
+		}
+		s.perServer(send, addrs, func(send []int) {
+			if len(send) == 0 {
+				return
+			}
+			cmds := s.exec(ctx, takeScript, false, send, func(i int) ([]string, []any) {
+				c := calls[i]
+				return takeArgs(markerKey(c.reqs[0].Prefix, 't', s.slotOf(c.group), node), c.seq, ttl, c.reqs)
+			})
+			outcome := make(map[string]error, 1)
+			for k, i := range send {
+				readTake(cmds[k], calls[i].reqs)
+				s.merge(outcome, addrs[i], cmdErr(cmds[k]))
+			}
+			s.reportAll(ctx, outcome, sent)
+		})
+	})
+	return nil
+}
+
+// stream returns a free stream id.
+func (s *Redis) stream() int {
+	s.streamMu.Lock()
+	defer s.streamMu.Unlock()
+	if n := len(s.streams); n > 0 {
+		id := s.streams[n-1]
+		s.streams = s.streams[:n-1]
+		return id
+	}
+	s.nstreams++
+	return s.nstreams - 1
+}
+
+func (s *Redis) releaseStream(id int) {
+	s.streamMu.Lock()
+	s.streams = append(s.streams, id)
+	s.streamMu.Unlock()
+}
+
+// kindCode returns the take script's code of a rule's kind.
+func kindCode(k local.Kind) int {
+	switch k {
+	case local.Sliding:
+		return 0
+	case local.Fixed:
+		return 1
+	case local.Buckets:
+		return 2
+	case local.Log:
+		return 3
+	}
+	return 4
+}
+
+// takeArgs returns the take script's keys and arguments for reqs, which
+// share their rules.
+func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]string, []any) {
+	rules := reqs[0].Rules
+	logCap, longLog := int64(0), int64(0)
+	for i := range rules {
+		if rules[i].Kind() == local.Log {
+			logCap, longLog = max(logCap, rules[i].Limit()), max(longLog, rules[i].Window().Microseconds())
+		}
+	}
+	keys := append(make([]string, 0, 1+3*len(rules)*len(reqs)), marker)
+	argv := make([]any, 0, 5+5*len(rules)+3*len(reqs))
+	argv = append(argv, seq, ttl, reqs[0].Deadline, len(reqs), len(rules))
+	for i := range rules {
+		r := &rules[i]
+		w, span := r.Counter()
+		var wus, param int64 = w.Microseconds(), span
+		switch r.Kind() {
+		case local.Log:
+			wus, param = r.Window().Microseconds(), logCap
+		case local.GCRA, local.Leaky:
+			wus, param = r.Interval().Microseconds(), r.Burst()
+		}
+		argv = append(argv, kindCode(r.Kind()), r.Limit(), wus, param, longLog)
+	}
+	for _, q := range reqs {
+		flags := 0
+		if q.Peek {
+			flags |= 1
+		}
+		if q.CountDenied {
+			flags |= 2
+		}
+		argv = append(argv, q.Cost, flags, q.Now)
+		for i := range rules {
+			r := &rules[i]
+			switch r.Kind() {
+			case local.Log:
+				keys = append(keys, LogKey(q.Prefix, q.Key))
+			case local.GCRA, local.Leaky:
+				keys = append(keys, CounterKey(q.Prefix, CounterOf(r, q.Key, 0)))
+			default:
+				w, span := r.Counter()
+				id := q.Now / w.Microseconds()
+				switch r.Kind() {
+				case local.Buckets:
+					for j := range span {
+						keys = append(keys, CounterKey(q.Prefix, CounterOf(r, q.Key, id-span+1+j)))
+					}
+				case local.Fixed:
+					keys = append(keys, CounterKey(q.Prefix, CounterOf(r, q.Key, id)))
+				default:
+					keys = append(keys, CounterKey(q.Prefix, CounterOf(r, q.Key, id)), CounterKey(q.Prefix, CounterOf(r, q.Key, id-1)))
+				}
+			}
+		}
+	}
+	return keys, argv
+}
+
+// readTake sets the results of reqs from their script call.
+func readTake(cmd *redis.Cmd, reqs []*TakeRequest) {
+	fail := func(st Status, err error) {
+		for _, r := range reqs {
+			r.Status, r.Err = st, err
+		}
+	}
+	if err := cmdErr(cmd); err != nil {
+		st := InDoubt
+		if isReply(err) {
+			st = Failed
+		}
+		fail(st, fmt.Errorf("store: redis take of %d requests: %w", len(reqs), err))
+		return
+	}
+	vals, err := cmd.Int64Slice()
+	if err != nil || len(vals) == 0 {
+		fail(InDoubt, fmt.Errorf("store: redis take: unreadable reply: %v", err))
+		return
+	}
+	switch vals[0] {
+	case 2:
+		fail(Failed, errDeadline)
+		return
+	case 3:
+		fail(InDoubt, errors.New("store: redis take: a later call overwrote this call's outcome"))
+		return
+	}
+	at := 1
+	next := func() int64 {
+		if at >= len(vals) {
+			at++
+			return 0
+		}
+		at++
+		return vals[at-1]
+	}
+	for _, r := range reqs {
+		r.Counts = resize(r.Counts, len(r.Rules))
+		r.Allowed = next() == 1
+		for j := range r.Rules {
+			rule := &r.Rules[j]
+			w, span := rule.Counter()
+			el := r.Now % w.Microseconds() * 1000
+			var c local.Counts
+			switch rule.Kind() {
+			case local.Sliding:
+				c = local.Counts{Cur: next(), Prev: next(), Elapsed: el}
+			case local.Fixed:
+				c = local.Counts{Cur: next(), Elapsed: el}
+			case local.Buckets:
+				c = local.Counts{Buckets: make([]int64, span), Elapsed: el}
+				for k := range c.Buckets {
+					c.Buckets[k] = next()
+				}
+			case local.Log:
+				c = local.Counts{Cur: next(), Expire: next() * 1000, Reset: next() * 1000}
+			default:
+				c = local.Counts{Tat: next() * 1000}
+			}
+			r.Counts[j] = c
+		}
+		r.Status, r.Err = Applied, nil
+	}
+	if at != len(vals) {
+		fail(InDoubt, fmt.Errorf("store: redis take script replied %d values, want %d", len(vals), at))
+	}
+}
