@@ -1,0 +1,184 @@
+package syncloop
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// Sending: the pending increments of a chunk of entries as one batch per
+// group, pushed to the store, and each batch's outcome handed back to the
+// tables.
+
+// send takes the pending increments of entries (sealing them when final),
+// pushes them after the batches in doubt, and hands the outcome back to
+// the table.
+func (l *Loop) send(ctx context.Context, entries []owned, final bool) result {
+	now := l.cfg.Now()
+	batches := append([]*batch(nil), l.doubt...)
+	l.doubt = l.doubt[:0]
+	// A group with a batch in doubt gets no new batch until an answer
+	// resolves it: the store applies a group's batches in order, and an
+	// error on the old one beside an applied new one would make the old
+	// one look applied when sent again.
+	held := map[int]bool{}
+	for _, b := range batches {
+		held[b.sb.Group] = true
+	}
+	open := map[int]*batch{}
+	for _, o := range entries {
+		t, e := o.t, o.e
+		g := l.cfg.Store.Group(e.Key())
+		if held[g] {
+			t.Requeue(e) // its increments wait, counted, for the next cycle
+			continue
+		}
+		b := open[g]
+		if b == nil || len(b.pushes) >= maxOps {
+			b = l.newBatch(g)
+			open[g] = b
+			batches = append(batches, b)
+		}
+		s := span{owned: o, from: len(b.pushes)}
+		if final {
+			b.pushes = t.TakeFinal(e, now, b.pushes)
+		} else {
+			b.pushes, s.again = t.Take(e, now, b.pushes)
+		}
+		s.to = len(b.pushes)
+		rules := t.Rules()
+		for _, p := range b.pushes[s.from:s.to] {
+			b.sb.Ops = append(b.sb.Ops, store.Op{Counter: store.CounterOf(&rules[p.Rule], e.Key(), p.Win), Delta: p.Delta})
+		}
+		b.spans = append(b.spans, s)
+	}
+	// Entries sealed before have nothing to send.
+	kept := batches[:0]
+	for _, b := range batches {
+		if len(b.sb.Ops) > 0 {
+			kept = append(kept, b)
+		} else {
+			l.recycle(b)
+		}
+	}
+	return l.push(ctx, kept, now)
+}
+
+func (l *Loop) newBatch(group int) *batch {
+	var b *batch
+	if n := len(l.free); n > 0 {
+		b, l.free = l.free[n-1], l.free[:n-1]
+	} else {
+		b = &batch{}
+	}
+	l.seq++
+	b.sb = store.Batch{Prefix: l.cfg.Prefix, Node: l.cfg.Node, Group: group, Seq: l.seq, Ops: b.sb.Ops[:0], Totals: b.sb.Totals}
+	b.pushes, b.spans, b.doubt = b.pushes[:0], b.spans[:0], false
+	return b
+}
+
+// recycle keeps b's storage for a later batch, unless it grew unusually.
+func (l *Loop) recycle(b *batch) {
+	clear(b.spans)
+	clear(b.sb.Ops)
+	if cap(b.sb.Ops) > 4*maxOps || len(l.free) >= 64 {
+		return
+	}
+	l.free = append(l.free, b)
+}
+
+// push sends batches and hands the outcome of each to the table.
+func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
+	if len(batches) == 0 {
+		return result{}
+	}
+	sbs := make([]*store.Batch, len(batches))
+	ops := 0
+	for i, b := range batches {
+		sbs[i] = &b.sb
+		ops += len(b.sb.Ops)
+	}
+	// A large call gets time in proportion: 10µs per operation on top of
+	// Timeout (100k counters: +1s).
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout+time.Duration(ops)*10*time.Microsecond)
+	start := l.cfg.Clock.Now()
+	err := l.cfg.Store.Push(cctx, sbs)
+	if err == nil {
+		err = cctx.Err()
+	}
+	cancel()
+	for _, b := range batches {
+		if b.sb.Status == store.NotSent { // a store that only returned an error
+			b.sb.Status, b.sb.Err = store.InDoubt, err
+			if err == nil {
+				b.sb.Err = errors.New("syncloop: the store set no status")
+			}
+		}
+	}
+	latency := l.cfg.Clock.Now().Sub(start)
+	l.stats.calls.Add(1)
+	var res result
+	for _, b := range batches {
+		switch b.sb.Status {
+		case store.Applied:
+			res.applied++
+			l.stats.ops.Add(uint64(len(b.sb.Ops)))
+			for _, s := range b.spans {
+				s.t.Settle(s.e, now, b.pushes[s.from:s.to], b.sb.Totals[s.from:s.to])
+				if !l.flushing && (s.again || now-s.e.LastSeen() < int64(l.cfg.Recent)) {
+					s.t.Requeue(s.e)
+				}
+			}
+			if b.sb.Err != nil && res.first == nil {
+				res.first = b.sb.Err // a corrupt counter: the rest was applied
+			}
+			l.recycle(b)
+		case store.InDoubt:
+			b.doubt = true
+			fallthrough
+		default:
+			res.failed++
+			if res.first == nil {
+				res.first = b.sb.Err
+			}
+			if l.cycleFailed != nil {
+				l.cycleFailed[b.sb.Group] = true
+			}
+			if b.doubt {
+				// Once in doubt, only an answer resolves it: send it
+				// again, unchanged, before any later batch of its group.
+				l.doubt = append(l.doubt, b)
+				continue
+			}
+			for _, s := range b.spans {
+				s.t.Release(s.e, b.pushes[s.from:s.to])
+				s.t.Requeue(s.e)
+			}
+			l.recycle(b)
+		}
+	}
+	if res.first == nil {
+		res.first = ctx.Err()
+	}
+	l.stats.doubt.Store(int64(len(l.doubt)))
+	if res.failed > 0 {
+		err := res.first
+		if err == nil {
+			err = errors.New("store: batch not applied")
+		}
+		l.fail(err)
+	} else {
+		l.failing.Store(false)
+		l.stats.latency.Store(int64(latency))
+	}
+	if l.cfg.OnSync != nil {
+		var err error
+		if res.failed > 0 {
+			err = res.first
+		}
+		l.cfg.OnSync(latency, ops, err)
+	}
+	return res
+}
