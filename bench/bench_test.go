@@ -213,11 +213,7 @@ func benchSyncHybrid(b *testing.B, nkeys int) {
 
 func benchSyncPipeline(b *testing.B, nkeys int) {
 	c := redistest.Client(b)
-	prefix := redistest.Prefix(b)
-	keys := make([]string, nkeys)
-	for i, k := range keyNames(nkeys) {
-		keys[i] = prefix + ":{" + k + "}:60000:" + strconv.FormatInt(time.Now().UnixMilli()/60000, 10)
-	}
+	keys := counterKeys(b, nkeys)
 	run := func(ctx context.Context) {
 		pipe := c.Pipeline()
 		incr := make([]*redis.IntCmd, len(keys))
@@ -234,14 +230,19 @@ func benchSyncPipeline(b *testing.B, nkeys int) {
 			}
 		}
 	}
-	run(ctx)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		run(ctx)
+	runSyncShape(b, nkeys, run)
+}
+
+// counterKeys returns one Redis counter key of the current minute's
+// window for each of nkeys keys, under a fresh prefix.
+func counterKeys(b *testing.B, nkeys int) []string {
+	prefix := redistest.Prefix(b)
+	win := strconv.FormatInt(time.Now().UnixMilli()/60000, 10)
+	keys := make([]string, nkeys)
+	for i, k := range keyNames(nkeys) {
+		keys[i] = prefix + ":{" + k + "}:60000:" + win
 	}
-	b.StopTimer()
-	b.ReportMetric(float64(b.N*nkeys)/b.Elapsed().Seconds(), "keys/s")
+	return keys
 }
 
 // benchSyncMulti is the cheapest shape of a sync cycle with one counter
@@ -249,11 +250,7 @@ func benchSyncPipeline(b *testing.B, nkeys int) {
 // hybridlimit's batches), pipelined, with no expiry; the totals read back.
 func benchSyncMulti(b *testing.B, nkeys int) {
 	c := redistest.Client(b)
-	prefix := redistest.Prefix(b)
-	keys := make([]string, nkeys)
-	for i, k := range keyNames(nkeys) {
-		keys[i] = prefix + ":{" + k + "}:60000:" + strconv.FormatInt(time.Now().UnixMilli()/60000, 10)
-	}
+	keys := counterKeys(b, nkeys)
 	run := func(ctx context.Context) {
 		pipe := c.Pipeline()
 		var execs []*redis.Cmd
