@@ -76,12 +76,17 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // oversized key, n < 1 or n above the smallest limit), after Close, or for a
 // done ctx; store failures are decided by the FailurePolicy and reported in
 // Result.Degraded.
-func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, error) {
-	if l.direct && l.plain(key, n) {
+func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (res Result, err error) {
+	if l.plain(key, n) {
 		t := l.def
 		if i, rem, reset := t.table.Allow1(key, n, l.clock.now()); i >= 0 {
+			// Field by field into the zeroed result (a composite literal
+			// would be built in a temporary and copied); Tier stays "",
+			// the default tier's name.
 			r := &t.cfg[i]
-			return Result{Allowed: true, Rule: i, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset), Tier: t.name}, nil
+			res.Allowed, res.Rule, res.Limit, res.Window = true, i, r.Limit, r.Window
+			res.Remaining, res.ResetAfter = rem, time.Duration(reset)
+			return res, nil
 		}
 	}
 	return l.allowN(ctx, key, n)

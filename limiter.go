@@ -148,6 +148,8 @@ func New(cfg Config) (*Limiter, error) {
 		l.sync = newSynchronous(l)
 	}
 	l.direct = l.sync == nil && !(cfg.FailurePolicy == FailClosed && l.loop != nil)
+	l.pol.direct, l.pol.closed = l.direct, &l.closed
+	l.pol.setCommon()
 	l.start(longest, rate)
 	return l, nil
 }
@@ -292,6 +294,7 @@ func (l *Limiter) Evict() int {
 func (l *Limiter) Close(ctx context.Context) error {
 	l.closeOnce.Do(func() {
 		l.closed.Store(true)
+		l.pol.common.Store(false)
 		close(l.stop)
 		l.wg.Wait()
 		if l.bans != nil {

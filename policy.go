@@ -49,6 +49,12 @@ type policies struct {
 	tiers  map[string]*tier
 	active atomic.Bool // some policy is cached, or tierOf: decisions take Limiter.route
 	tierOf bool        // Config.TierOf is set
+	// common is whether AllowN may take its common case: direct, no
+	// policy cached, no TierOf, and the limiter open. One flag, so that a
+	// decision reads one word for all four (setCommon keeps it).
+	common atomic.Bool
+	direct bool         // Limiter.direct
+	closed *atomic.Bool // Limiter.closed
 	snap   atomic.Pointer[policySnap]
 
 	mu      sync.Mutex // one reload at a time; guards version
@@ -66,6 +72,16 @@ type keyPolicy struct {
 	tier      *tier // the override's tier; nil without one (or for a tier this node lacks)
 	overUntil int64 // Unix ms; 0: no end
 	block     *store.Policy
+}
+
+// setCommon stores common from what it depends on. After Close stores
+// closed and then clears common, common stays false whatever setCommon
+// runs meanwhile: it reads closed after its store and clears common again.
+func (p *policies) setCommon() {
+	p.common.Store(p.direct && !p.active.Load() && !p.closed.Load())
+	if p.closed.Load() {
+		p.common.Store(false)
+	}
 }
 
 // lookup returns key's policies, or nil.
@@ -132,6 +148,7 @@ func (p *policies) reload(ctx context.Context, force bool) error {
 	}
 	p.snap.Store(&s)
 	p.active.Store(len(ps) > 0 || p.tierOf)
+	p.setCommon()
 	p.version, p.loaded = v, true
 	return nil
 }

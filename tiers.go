@@ -75,11 +75,12 @@ func (t *tier) fresh() Result {
 	return Result{Allowed: true, Rule: t.minRule, Limit: r.Limit, Window: r.Window, Remaining: r.maxCost(), Tier: t.name}
 }
 
-// plain reports whether key and n are valid and key goes to the default
-// tier with no policy: route's answer is then (l.def, nil, nil). It is
-// inlined in AllowN, which skips route then.
+// plain reports whether key and n are valid and the decision can take
+// AllowN's common case: a direct decision (see Limiter.direct) of the
+// default tier, no policy, the limiter open. route's answer is then
+// (l.def, nil, nil). It is inlined in AllowN.
 func (l *Limiter) plain(key string, n int64) bool {
-	return !l.pol.active.Load() && !l.closed.Load() && uint(len(key)-1) < uint(l.cfg.MaxKeyLen) && uint64(n-1) < uint64(l.def.minCost)
+	return l.pol.common.Load() && uint(len(key)-1) < uint(l.cfg.MaxKeyLen) && uint64(n-1) < uint64(l.def.minCost)
 }
 
 // route checks key and n and returns the tier that decides key (the tier
