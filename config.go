@@ -146,8 +146,9 @@ const (
 type Config struct {
 	// Rules are the limits enforced on every key: a request is admitted
 	// only when every rule admits it. 1 to MaxRules rules, no two that
-	// count alike (the same Window and algorithm). Rules is the default
-	// tier, named "".
+	// count alike (such as a Sliding and a Fixed rule of one Window, or a
+	// TokenBucket and a LeakyBucket of one rate and burst). Rules is the
+	// default tier, named "".
 	Rules []Rule
 
 	// Tiers are further named sets of rules, each validated as Rules is,
@@ -247,9 +248,10 @@ type Config struct {
 	// histograms. It runs on the sync loop and must not block.
 	OnSync func(latency time.Duration, ops int, err error)
 
-	// Logger, if set, receives store errors at level Warn, at most one
-	// record per LogEvery (default 10s) with the count of errors since the
-	// last record, so an outage does not flood the log. Nil logs nothing.
+	// Logger, if set, receives store errors and sync cycles slower than
+	// SyncRate at level Warn, at most one record per LogEvery (default
+	// 10s) with the count of errors since the last record, so an outage
+	// does not flood the log. Nil logs nothing.
 	Logger *slog.Logger
 	// LogEvery is the least time between two error records: 1ms to 1h,
 	// default 10s.

@@ -41,7 +41,8 @@ type Result struct {
 	// BanPolicy): the request was denied before any rule counted it, and
 	// RetryAfter is the time left on the block.
 	Blocked bool
-	// Rule is the index in Config.Rules of the rule described below.
+	// Rule is the index of the rule described below in the rules of the
+	// key's tier (Config.Rules for the default tier, "").
 	Rule int
 	// Limit and Window are that rule's.
 	Limit  int64
@@ -223,7 +224,8 @@ func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
 
 // RuleState is one rule's state for one key.
 type RuleState struct {
-	// Rule is the index in Config.Rules; Limit and Window are that rule's.
+	// Rule is the index in the rules of the key's tier (Config.Rules for
+	// the default tier); Limit and Window are that rule's.
 	Rule   int
 	Limit  int64
 	Window time.Duration

@@ -27,8 +27,8 @@ const (
 
 // Contributor is a tag and the cost it was counted for on a key.
 type Contributor struct {
-	Tag  string
-	Cost int64
+	Tag  string // the tag given to AllowTagged
+	Cost int64  // the cost counted for it (an estimate: see Contributors)
 }
 
 // sketch is one key's Space-Saving summary: at most sketchSize tags with
@@ -204,8 +204,8 @@ func (l *Limiter) flushTags(ctx context.Context) error {
 // AllowTagged), most first: in ModeAsync and ModeSynchronous the
 // cluster's, as the store holds them (this node's additions of the last
 // sync period may not be there yet), in ModeLocal this node's. Counts are
-// approximate: each node keeps its sketchSize (16) most counted tags per
-// key, and the store its 32.
+// approximate: each node keeps its 16 most counted tags per key, and the
+// store its 32.
 func (l *Limiter) Contributors(ctx context.Context, key string) ([]Contributor, error) {
 	if l.closed.Load() {
 		return nil, ErrClosed

@@ -1,19 +1,18 @@
 // Package hybridlimit is a distributed rate limiter with local in-memory
-// counters. Every node decides each request against sliding-window (or
-// fixed-window) counters held in a lock-free table, in nanoseconds and
-// without allocating. In ModeAsync a background loop pushes the node's
-// increments to a shared store (Redis, with atomic INCRBY) and pulls the
-// merged cluster counts back every SyncRate; in ModeSynchronous every
-// decision is one atomic round trip to the store; ModeLocal needs no store.
+// counters. Every node decides each request against counters held in a
+// lock-free table (sliding, fixed or bucketed windows, an exact log, a
+// token or a leaky bucket), in nanoseconds and without allocating. In
+// ModeAsync a background loop pushes the node's increments to a shared
+// store (Redis: INCRBY in one script per batch, applied at most once) and
+// pulls the merged cluster counts back every SyncRate, and between syncs
+// each node spends only its share of what is left; in ModeSynchronous
+// every decision is one atomic round trip to the store; ModeLocal needs no
+// store.
 //
 // A Limiter enforces several rules at once per key (for example 1/s,
 // 20/min, 200/h and 800/day), with a cost per request, and every decision
-// reports what remains, when to retry and when the limit resets.
-//
-// Where the code lives: the decisions and every counter in package local,
-// the sync loop in package sync (named syncloop), the stores in package
-// store. This package turns a Config into those and their answers into
-// Results.
+// reports what remains, when to retry and when the limit resets. Tiers of
+// rules, per-key overrides and blocks change the limits at runtime.
 package hybridlimit
 
 import (

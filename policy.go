@@ -25,16 +25,16 @@ var ErrNoPolicies = errors.New("hybridlimit: the store does not keep overrides a
 
 // Override puts a key in a tier other than its own until Until.
 type Override struct {
-	Key  string
-	Tier string
+	Key  string // the key it applies to
+	Tier string // the tier whose rules decide the key, a name in Config.Tiers or ""
 	// Until is when the override ends; the zero Time: never.
 	Until time.Time
 }
 
 // Block denies every request of a key until Until.
 type Block struct {
-	Key    string
-	Reason string
+	Key    string // the key blocked
+	Reason string // what Limiter.Block was given, or the BanPolicy's Reason
 	// Until is when the block ends; the zero Time: never.
 	Until time.Time
 	// Strikes is how many blocks in a row the BanPolicy gave the key, this

@@ -2,8 +2,9 @@ package hybridlimit
 
 import "time"
 
-// Stats is a snapshot of a Limiter's counters, for monitoring. Counters only
-// grow over the limiter's life.
+// Stats is a snapshot of a Limiter's counters and state, for monitoring.
+// The uint64 counters only grow over the limiter's life; the other fields
+// are current values.
 type Stats struct {
 	// Allowed and Denied count decisions (Peek excluded), over every tier.
 	Allowed, Denied uint64

@@ -33,9 +33,9 @@ func (k PolicyKind) String() string {
 // Policy is an override or a block of one user key, shared by every node
 // of a cluster through the store.
 type Policy struct {
-	Kind  PolicyKind
-	Key   string
-	Value string // Override: the tier; Block: the reason
+	Kind  PolicyKind // Override or Block
+	Key   string     // the user key it applies to
+	Value string     // Override: the tier; Block: the reason
 	// Until is when the policy ends, in Unix milliseconds; 0: never.
 	Until int64
 	// Strikes is, for a block, the key's blocks in a row by Escalate
@@ -226,8 +226,8 @@ func parseStrikes(v string) (int64, int, bool) {
 
 // TagCount is a tag and the cost counted for it.
 type TagCount struct {
-	Tag   string
-	Count int64
+	Tag   string // a tag given to hybridlimit.Limiter.AllowTagged
+	Count int64  // its cost counted
 }
 
 // TagStore is implemented by stores that keep the tags that contributed to

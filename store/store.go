@@ -19,7 +19,8 @@
 // unanswered batch again until it gets an answer, every increment is
 // applied exactly once, in every topology. What a store loses by itself
 // (Redis' asynchronous replication when a master fails over) is not
-// recovered: see the package documentation of the root module.
+// recovered: docs/failures.md in the repository says what each topology
+// loses and how RedisOptions.WaitReplicas closes that gap.
 package store
 
 import (
@@ -146,10 +147,11 @@ type Batch struct {
 // unless Peek is set, an admitted request is counted on every rule (and so
 // is a denied one under CountDenied):
 //
-//	Sliding, Fixed, Buckets: Cost added to the current window's counter
+//	Sliding, Fixed, Bucketed: Cost added to the current window's counter
 //	Log: Cost instants Now pushed on the key's log, which keeps as many as
 //	     the largest Log limit and expires after the longest Log window
-//	GCRA, Leaky: the arrival time moved Cost intervals past max(it, Now)
+//	TokenBucket, LeakyBucket: the arrival time moved Cost intervals past
+//	     max(it, Now)
 type TakeRequest struct {
 	Prefix      string       // namespaces the counters
 	Key         string       // the user key
@@ -188,7 +190,7 @@ func ExpireAt(window, id, span int64) int64 {
 }
 
 // CounterOf returns the store counter of rule r for key: its window
-// counter number id (unused for GCRA and Leaky).
+// counter number id (unused for TokenBucket and LeakyBucket rules).
 func CounterOf(r *local.Rule, key string, id int64) Counter {
 	switch r.Kind() {
 	case local.GCRA, local.Leaky:

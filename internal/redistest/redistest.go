@@ -93,7 +93,7 @@ func env(t testing.TB, name, what string) string {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("%s is not set but CI=true: run the tests with scripts/test.sh, which starts %s", name, what)
 		}
-		t.Skipf("%s is not set: run scripts/test.sh to run the tests that need %s", name, what)
+		t.Skipf("%s is not set: run scripts/test.sh, or eval \"$(scripts/redis-topology.sh start)\" first, to run the tests that need %s", name, what)
 	}
 	return v
 }
