@@ -204,11 +204,14 @@ func benchSyncHybrid(b *testing.B, nkeys int) {
 		}
 	}
 	b.StopTimer()
+	// Every key's counter once per cycle; after the rule's window
+	// boundary a key also reads its previous window's counter for a
+	// while (2 × SyncRate), which adds operations but not keys.
 	pushed := l.Stats().KeysPushed - before.KeysPushed
-	if pushed != uint64(b.N*nkeys) {
-		b.Fatalf("sync pushed %d counter updates, want %d", pushed, b.N*nkeys)
+	if pushed < uint64(b.N*nkeys) || pushed > uint64(2*b.N*nkeys) {
+		b.Fatalf("sync pushed %d counter operations, want %d to %d", pushed, b.N*nkeys, 2*b.N*nkeys)
 	}
-	b.ReportMetric(float64(pushed)/b.Elapsed().Seconds(), "keys/s")
+	b.ReportMetric(float64(b.N*nkeys)/b.Elapsed().Seconds(), "keys/s")
 }
 
 func benchSyncPipeline(b *testing.B, nkeys int) {
