@@ -114,6 +114,12 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Result, erro
 		return l.failClosed(t), nil
 	}
 	now := l.clock.now()
+	if i, rem, reset := t.table.Allow1(key, n, now); i >= 0 {
+		// A tier's or a routed key's decision takes the table's fast path
+		// too: policies cost a lookup, not the general path.
+		r := &t.cfg[i]
+		return Result{Allowed: true, Rule: i, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset), Tier: t.name}, nil
+	}
 	d, st := t.table.Allow(key, n, now)
 	if st != local.Decided {
 		return l.undecided(t, st, n)
