@@ -78,29 +78,28 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // done ctx; store failures are decided by the FailurePolicy and reported in
 // Result.Degraded.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (res Result, err error) {
-	if l.plain(key, n) {
-		t := l.def
-		if i, rem, reset := t.table.Allow1(key, n, l.clock.now()); i >= 0 {
-			// Field by field into the zeroed result (a composite literal
-			// would be built in a temporary and copied); Tier stays "",
-			// the default tier's name.
-			r := &t.cfg[i]
-			res.Allowed, res.Rule, res.Limit, res.Window = true, i, r.Limit, r.Window
-			res.Remaining, res.ResetAfter = rem, time.Duration(reset)
-			return res, nil
-		}
+	if !l.plain(key, n) {
+		return l.allowRouted(ctx, key, n)
 	}
-	return l.allowN(ctx, key, n)
+	t, now := l.def, l.clock.now()
+	if i, rem, reset := t.table.Allow1(key, n, now); i >= 0 {
+		// Field by field into the zeroed result (a composite literal
+		// would be built in a temporary and copied); Tier stays "",
+		// the default tier's name.
+		r := &t.cfg[i]
+		res.Allowed, res.Rule, res.Limit, res.Window = true, i, r.Limit, r.Window
+		res.Remaining, res.ResetAfter = rem, time.Duration(reset)
+		return res, nil
+	}
+	return l.decideLocal(t, key, n, now, true)
 }
 
-// allowN is AllowN past its common case.
-func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Result, error) {
-	t, kp := l.def, (*keyPolicy)(nil)
-	if !l.plain(key, n) {
-		var err error
-		if t, kp, err = l.route(key, n, "AllowN"); err != nil {
-			return Result{Rule: -1}, err
-		}
+// allowRouted is AllowN for every case but the common one: invalid input,
+// tiers and policies, ModeSynchronous, FailClosed.
+func (l *Limiter) allowRouted(ctx context.Context, key string, n int64) (Result, error) {
+	t, kp, err := l.route(key, n, "AllowN")
+	if err != nil {
+		return Result{Rule: -1}, err
 	}
 	if kp != nil {
 		if b := kp.blocked(l.clock.now()); b != nil {
@@ -120,16 +119,7 @@ func (l *Limiter) allowN(ctx context.Context, key string, n int64) (Result, erro
 		r := &t.cfg[i]
 		return Result{Allowed: true, Rule: i, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset), Tier: t.name}, nil
 	}
-	d, st := t.table.Allow(key, n, now)
-	if st != local.Decided {
-		return l.undecided(t, st, n)
-	}
-	if !d.Allowed && l.bans != nil {
-		l.noteDenied(key, now)
-	}
-	r := &t.cfg[d.Rule]
-	return Result{Allowed: d.Allowed, Rule: d.Rule, Limit: r.Limit, Window: r.Window, Remaining: d.Remaining,
-		RetryAfter: time.Duration(d.RetryAfter), ResetAfter: time.Duration(d.ResetAfter), Delay: time.Duration(d.Delay), Tier: t.name}, nil
+	return l.decideLocal(t, key, n, now, true)
 }
 
 // blockedResult answers a request of a blocked key.
@@ -138,11 +128,15 @@ func (l *Limiter) blockedResult(t *tier, b *store.Policy) Result {
 	return t.blocked(b, l.clock.now())
 }
 
-// decideLocal decides on this node's table of t.
-func (l *Limiter) decideLocal(t *tier, key string, n, now int64) (Result, error) {
+// decideLocal decides on this node's table of t, from the start; bans
+// counts a denial towards Config.Ban.
+func (l *Limiter) decideLocal(t *tier, key string, n, now int64, bans bool) (Result, error) {
 	d, st := t.table.Allow(key, n, now)
 	if st != local.Decided {
 		return l.undecided(t, st, n)
+	}
+	if bans && !d.Allowed && l.bans != nil {
+		l.noteDenied(key, now)
 	}
 	return t.result(d), nil
 }

@@ -46,10 +46,6 @@ type Limiter struct {
 	loop   *syncloop.Loop // nil in ModeLocal
 	clock  *clusterClock
 	sync   *synchronous // nil unless ModeSynchronous
-	// direct: a decision may go straight to the table (not
-	// ModeSynchronous, and not FailClosed in ModeAsync, which first asks
-	// whether the store failed).
-	direct bool
 
 	untrackedAllowed atomic.Uint64
 	untrackedDenied  atomic.Uint64
@@ -146,8 +142,11 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.Mode == ModeSynchronous {
 		l.sync = newSynchronous(l)
 	}
-	l.direct = l.sync == nil && !(cfg.FailurePolicy == FailClosed && l.loop != nil)
-	l.pol.direct, l.pol.closed = l.direct, &l.closed
+	// A decision may go straight to the table unless it is made in the
+	// store, or FailClosed in ModeAsync must first ask whether the store
+	// failed.
+	l.pol.direct = l.sync == nil && !(cfg.FailurePolicy == FailClosed && l.loop != nil)
+	l.pol.closed = &l.closed
 	l.pol.setCommon()
 	l.start(longest, rate)
 	return l, nil

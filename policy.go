@@ -53,7 +53,7 @@ type policies struct {
 	// policy cached, no TierOf, and the limiter open. One flag, so that a
 	// decision reads one word for all four (setCommon keeps it).
 	common atomic.Bool
-	direct bool         // Limiter.direct
+	direct bool         // decisions may go straight to the table (set by New)
 	closed *atomic.Bool // Limiter.closed
 	snap   atomic.Pointer[policySnap]
 

@@ -88,7 +88,7 @@ func (s *synchronous) decide(ctx context.Context, t *tier, key string, n int64, 
 		if peek {
 			res = t.result(t.table.Peek(key, n, now))
 		} else {
-			res, err = l.decideLocal(t, key, n, now)
+			res, err = l.decideLocal(t, key, n, now, false)
 		}
 		res.Degraded = true
 		return res, err

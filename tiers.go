@@ -76,7 +76,7 @@ func (t *tier) fresh() Result {
 }
 
 // plain reports whether key and n are valid and the decision can take
-// AllowN's common case: a direct decision (see Limiter.direct) of the
+// AllowN's common case: a direct decision (see policies.direct) of the
 // default tier, no policy, the limiter open. route's answer is then
 // (l.def, nil, nil). It is inlined in AllowN.
 func (l *Limiter) plain(key string, n int64) bool {
