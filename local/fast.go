@@ -34,26 +34,17 @@ func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfte
 		return t.allowShare(e, n, now)
 	}
 	r, c := t.rule0, &e.c0
-	w := word(c.word.Load())
-	win := c.win.Load()
-	el := now - win*r.w
-	if w.rolling() || uint64(el) >= uint64(r.w) {
+	w, win, el, prev, cur, ok := r.read(c, now)
+	if !ok {
 		return -1, 0, 0
 	}
-	prev, cur := c.prev.Load(), c.base.Load()+w.count()
 	est := r.estimate(prev, cur, el)
 	if !r.admits(est, n) {
 		return -1, 0, 0
 	}
-	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
+	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) ||
+		(e.has(flagDead) || (t.syncing && t.closed.Load())) && !t.kept1(e, w.plus(n), win, n, now) {
 		return -1, 0, 0
-	}
-	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
-		res := reserved{upto: 1}
-		res.words[0], res.wins[0] = w.plus(n), win
-		if t.committed(e, &res, n, now) != admitted {
-			return -1, 0, 0 // taken back: Allow retries on a fresh entry, or finds the table closed
-		}
 	}
 	e.seen(now)
 	t.count(e).allowed.Add(1)
@@ -67,13 +58,10 @@ func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfte
 // policy: decide1's steps, as Allow1 takes them.
 func (t *Table) allowShare(e *Entry, n, now int64) (rule int, remaining, resetAfter int64) {
 	r, c := t.rule0, &e.c0
-	w := word(c.word.Load())
-	win := c.win.Load()
-	el := now - win*r.w
-	if w.rolling() || uint64(el) >= uint64(r.w) {
+	w, win, el, prev, cur, ok := r.read(c, now)
+	if !ok {
 		return -1, 0, 0
 	}
-	prev, cur := c.prev.Load(), c.base.Load()+w.count()
 	est := r.estimate(prev, cur, el)
 	if !r.admits(est, n) {
 		return -1, 0, 0
@@ -85,20 +73,39 @@ func (t *Table) allowShare(e *Entry, n, now int64) (rule int, remaining, resetAf
 		}
 		remaining = min(remaining, int64(max(room-float64(n), 0)))
 	}
-	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
+	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) ||
+		(e.has(flagDead) || (t.syncing && t.closed.Load())) && !t.kept1(e, w.plus(n), win, n, now) {
 		return -1, 0, 0
-	}
-	if e.has(flagDead) || t.closed.Load() {
-		res := reserved{upto: 1}
-		res.words[0], res.wins[0] = w.plus(n), win
-		if t.committed(e, &res, n, now) != admitted {
-			return -1, 0, 0
-		}
 	}
 	e.seen(now)
 	t.count(e).allowed.Add(1)
-	t.touch(e)
+	if t.syncing {
+		t.touch(e)
+	}
 	return 0, remaining, r.resetAfter(prev, cur+n, el)
+}
+
+// read reads counter c for a decision at now: its word, its window, the
+// time elapsed in that window, and the previous and current windows'
+// counts. ok is false while a rollover is under way or due.
+func (r *Rule) read(c *counter, now int64) (w word, win, el, prev, cur int64, ok bool) {
+	w = word(c.word.Load())
+	win = c.win.Load()
+	el = now - win*r.w
+	if w.rolling() || uint64(el) >= uint64(r.w) {
+		return w, win, el, 0, 0, false
+	}
+	return w, win, el, c.prev.Load(), c.base.Load() + w.count(), true
+}
+
+// kept1 is for a one-rule decision of cost n that stored word w in window
+// win on an entry evicted, or a table closed, meanwhile: it reports
+// whether the decision stands (committed) or was taken back (Allow then
+// retries on a fresh entry, or finds the table closed).
+func (t *Table) kept1(e *Entry, w word, win, n, now int64) bool {
+	res := reserved{upto: 1}
+	res.words[0], res.wins[0] = w, win
+	return t.committed(e, &res, n, now) == admitted
 }
 
 // allowWindows is Allow1 for several rules, or Buckets: each rule is checked and
