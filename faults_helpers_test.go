@@ -32,6 +32,18 @@ const (
 	faultTimeout = 400 * time.Millisecond // Config.StoreTimeout
 )
 
+// faultConfig is the limiter of a failover test on st: ModeAsync nodes
+// sync every 20 ms under asyncPrefix and never reach their limit;
+// ModeSynchronous nodes decide under syncPrefix, syncLimit per hour.
+func faultConfig(mode hybridlimit.Mode, st store.Store, asyncPrefix, syncPrefix string, syncLimit int64) hybridlimit.Config {
+	if mode == hybridlimit.ModeAsync {
+		return hybridlimit.Config{Mode: mode, Store: st, StoreTimeout: faultTimeout, Prefix: asyncPrefix, SyncRate: 20 * time.Millisecond,
+			Rules: []hybridlimit.Rule{{Limit: 1 << 40, Window: time.Hour}}}
+	}
+	return hybridlimit.Config{Mode: mode, Store: st, StoreTimeout: faultTimeout, Prefix: syncPrefix,
+		Rules: []hybridlimit.Rule{{Limit: syncLimit, Window: time.Hour}}}
+}
+
 // faultClient returns a client of addr with short timeouts and no retries,
 // closed when the test ends.
 func faultClient(t *testing.T, addr string) *redis.Client {

@@ -153,15 +153,7 @@ func sentinelFailover(t *testing.T, waitReplicas int) {
 				}
 			}
 		}
-		cfg := hybridlimit.Config{Mode: mode, Store: w, StoreTimeout: faultTimeout, Prefix: pfxA,
-			Rules: []hybridlimit.Rule{{Limit: 1 << 40, Window: time.Hour}}}
-		if mode == hybridlimit.ModeAsync {
-			cfg.SyncRate = 20 * time.Millisecond
-		} else {
-			cfg.Prefix = pfxS
-			cfg.Rules = []hybridlimit.Rule{{Limit: syncLimit, Window: time.Hour}}
-		}
-		l, err := hybridlimit.New(cfg)
+		l, err := hybridlimit.New(faultConfig(mode, w, pfxA, pfxS, syncLimit))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = l.Close(context.Background()) })
 		return l

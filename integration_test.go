@@ -97,29 +97,9 @@ func TestRedisSynchronousExactness(t *testing.T) {
 		Rules: []hybridlimit.Rule{{Limit: 1000, Window: time.Hour}, {Limit: 5000, Window: 24 * time.Hour}},
 		Mode:  hybridlimit.ModeSynchronous,
 	})
-	var admitted, degraded atomic.Int64
-	var wg sync.WaitGroup
-	for _, l := range nodes {
-		for range 32 {
-			wg.Go(func() {
-				for range 6 { // 8 × 32 × 6 = 1536 requests for 1000
-					res, err := l.Allow(context.Background(), "exact")
-					if !assert.NoError(t, err) {
-						return
-					}
-					if res.Allowed {
-						admitted.Add(1)
-					}
-					if res.Degraded {
-						degraded.Add(1)
-					}
-				}
-			})
-		}
-	}
-	wg.Wait()
-	assert.Equal(t, int64(0), degraded.Load())
-	assert.Equal(t, int64(1000), admitted.Load())
+	admitted, degraded := decideExact(t, nodes, 32, 6) // 8 × 32 × 6 = 1536 requests for 1000
+	assert.Equal(t, int64(0), degraded)
+	assert.Equal(t, int64(1000), admitted)
 	var calls uint64
 	for _, l := range nodes {
 		calls += l.Stats().StoreCalls
@@ -242,29 +222,9 @@ func TestRedisSynchronousExactnessEveryAlgorithm(t *testing.T) {
 	} {
 		t.Run(rule.Type.String(), func(t *testing.T) {
 			nodes := redisNodes(t, c, 10, hybridlimit.Config{Rules: []hybridlimit.Rule{rule}, Mode: hybridlimit.ModeSynchronous})
-			var admitted, degraded atomic.Int64
-			var wg sync.WaitGroup
-			for _, l := range nodes {
-				for range 50 {
-					wg.Go(func() {
-						for range 2 { // 1000 requests for 300
-							res, err := l.Allow(context.Background(), "exact")
-							if !assert.NoError(t, err) {
-								return
-							}
-							if res.Allowed {
-								admitted.Add(1)
-							}
-							if res.Degraded {
-								degraded.Add(1)
-							}
-						}
-					})
-				}
-			}
-			wg.Wait()
-			assert.Equal(t, int64(0), degraded.Load())
-			assert.Equal(t, int64(300), admitted.Load())
+			admitted, degraded := decideExact(t, nodes, 50, 2) // 1000 requests for 300
+			assert.Equal(t, int64(0), degraded)
+			assert.Equal(t, int64(300), admitted)
 		})
 	}
 }
@@ -293,4 +253,32 @@ func TestRedisLogTrimmedAndExpiring(t *testing.T) {
 	require.NoError(t, err)
 	assert.LessOrEqual(t, ttl, time.Minute)
 	assert.Greater(t, ttl, 55*time.Second)
+}
+
+// decideExact has goroutines goroutines per node each ask each times for
+// the key "exact", all at once, and returns how many requests were
+// admitted and how many decided Degraded.
+func decideExact(t *testing.T, nodes []*hybridlimit.Limiter, goroutines, each int) (admitted, degraded int64) {
+	var a, d atomic.Int64
+	var wg sync.WaitGroup
+	for _, l := range nodes {
+		for range goroutines {
+			wg.Go(func() {
+				for range each {
+					res, err := l.Allow(context.Background(), "exact")
+					if !assert.NoError(t, err) {
+						return
+					}
+					if res.Allowed {
+						a.Add(1)
+					}
+					if res.Degraded {
+						d.Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return a.Load(), d.Load()
 }
