@@ -2,6 +2,7 @@ package local
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -85,7 +86,8 @@ type syncedCounter struct {
 func syncForTest(t *testing.T, tb *Table, st map[syncedCounter]int64, others, now int64) {
 	t.Helper()
 	var pushes []Push
-	for _, e := range tb.Touched(nil) {
+	tb.Detach()
+	for _, e := range tb.Touched(nil, math.MaxInt) {
 		var again bool
 		pushes, again = tb.Take(e, now, pushes[:0])
 		totals := make([]int64, len(pushes))

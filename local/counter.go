@@ -61,40 +61,70 @@ type counter struct {
 }
 
 // syncState is one counter's bookkeeping with the sync loop, in tables
-// that sync (64 bytes). It is guarded by the entry's mutex.
+// that sync (48 bytes). It is guarded by the entry's mutex, except share,
+// which decisions load.
 type syncState struct {
 	inflight      int64 // increments of win taken, not acknowledged
 	adj           int64 // signed increments of win to add to the next take
 	prevPending   int64 // increments of win-1 not taken yet
 	prevInflight  int64 // increments of win-1 taken, not acknowledged
 	prevReadUntil int64 // keep reading win-1 from the store until this instant (ns)
-	staleWin      int64 // window of stale
-	stale         int64 // increments of an older window still to push
 
 	share atomic.Pointer[shareState] // the share policy's state, nil until the first sync
 }
 
-// stash keeps d increments of window win, older than the previous one, to
-// be pushed by a later take. It returns the increments discarded to make
-// room: a counter keeps one such window, the most recent.
-func (s *syncState) stash(win, d int64) (dropped int64) {
+// staleCount is a counter's increments of a window older than the
+// previous one, still to push (after a store outage across a rollover). It
+// lives in the entry's extension, allocated when first needed.
+type staleCount struct {
+	win int64 // window of n
+	n   int64
+}
+
+// stale returns rule i's stale increments of e, nil when there have never
+// been any. Call with e.mu held.
+func (t *Table) stale(e *Entry, i int) *staleCount {
+	if x := e.x.Load(); x != nil && x.stale != nil {
+		return &x.stale[i]
+	}
+	return nil
+}
+
+// stash keeps d increments of window win of rule i of e, older than the
+// previous one, to be pushed by a later take. It returns the increments
+// discarded to make room: a counter keeps one such window, the most
+// recent. Call with e.mu held.
+func (t *Table) stash(e *Entry, i int, win, d int64) (dropped int64) {
+	if d == 0 {
+		return 0
+	}
+	s := t.stale(e, i)
+	if s == nil {
+		x := e.ext()
+		x.stale = make([]staleCount, len(t.rules))
+		s = &x.stale[i]
+	}
 	switch {
-	case d == 0:
-	case s.stale == 0 || s.staleWin == win:
-		s.staleWin, s.stale = win, s.stale+d
-	case win > s.staleWin:
-		dropped = max(s.stale, 0)
-		s.staleWin, s.stale = win, d
+	case s.n == 0 || s.win == win:
+		s.win, s.n = win, s.n+d
+	case win > s.win:
+		dropped = max(s.n, 0)
+		s.win, s.n = win, d
 	default:
 		dropped = max(d, 0)
 	}
 	return dropped
 }
 
-// unsynced returns the increments s holds that the store has not
-// acknowledged.
-func (s *syncState) unsynced() int64 {
-	return s.inflight + s.adj + s.prevPending + s.prevInflight + s.stale
+// unsynced returns the increments rule i of e holds in its sync state that
+// the store has not acknowledged. Call with e.mu held.
+func (t *Table) unsynced(e *Entry, i int) int64 {
+	s := t.sync(e, i)
+	n := s.inflight + s.adj + s.prevPending + s.prevInflight
+	if st := t.stale(e, i); st != nil {
+		n += st.n
+	}
+	return n
 }
 
 // Entry flags.
@@ -112,8 +142,9 @@ const (
 // Everything a decision of one rule reads or writes is in its 80 bytes:
 // the key (compared by the table's lookup), lastSeen, the flags and rule
 // 0's counter. The counters of rules 1… follow c0 in the same allocation,
-// then, in a table that syncs, one syncState per rule (see newEntry and
-// Table.ctr, Table.sync). The rest, which only some rules need, is in
+// then, in a table that syncs, the link of the table's touched queue and
+// one syncState per rule (see entryAlloc and Table.ctr, Table.sync,
+// Table.link): with one rule, 144 bytes. The rest, which only some rules need, is in
 // the extension x.
 type Entry struct {
 	key      string
@@ -132,6 +163,9 @@ type entryExt struct {
 	hist []histSlot
 	log  *logRing   // Log rules' instants, created on the first admission; guarded by mu
 	obs  []observed // per rule, the synchronous mode's view of Log rules; guarded by mu
+	// stale holds, per rule, increments of a window older than the
+	// previous one still to push (see Table.stash); guarded by mu.
+	stale []staleCount
 }
 
 // observed is a Log rule's counts as the store last decided them (the
@@ -195,24 +229,29 @@ type entryC[C any] struct {
 	c C
 }
 
-// entryCS is an entry with the counters of rules 1… and the sync states
-// after it.
+// entryCS is an entry with the counters of rules 1…, the queue's link and
+// the sync states after it.
 type entryCS[C, S any] struct {
 	Entry
 	//lint:ignore U1000 read and written through offsets from c0 (Entry.ctr)
 	c C
+	//lint:ignore U1000 read and written through offsets from c0 (Table.link)
+	q *Entry
 	s S
 }
 
-// entryS is an entry of one rule with its sync state after it.
+// entryS is an entry of one rule with the queue's link and its sync state
+// after it.
 type entryS struct {
 	Entry
+	//lint:ignore U1000 read and written through offsets from c0 (Table.link)
+	q *Entry
 	s syncState
 }
 
 // entryAlloc returns the allocator of entries of n rules (1 to MaxRules),
-// with their sync states when syncing, and the offset of the first sync
-// state from c0.
+// with their queue link and sync states when syncing, and the offset of
+// the first sync state from c0. The link is the pointer right before it.
 func entryAlloc(n int, syncing bool) (alloc func() *Entry, syncOff uintptr) {
 	off := func(e *Entry, s unsafe.Pointer) uintptr { return uintptr(s) - uintptr(unsafe.Pointer(&e.c0)) }
 	switch {
@@ -254,6 +293,12 @@ func (t *Table) sync(e *Entry, i int) *syncState {
 	return (*syncState)(unsafe.Add(unsafe.Pointer(&e.c0), t.syncOff+uintptr(i)*syncStateSize))
 }
 
+// link returns e's link in the table's touched queue, in a table that
+// syncs: the next entry queued, guarded as queue.go says.
+func (t *Table) link(e *Entry) **Entry {
+	return (**Entry)(unsafe.Add(unsafe.Pointer(&e.c0), t.syncOff-unsafe.Sizeof((*Entry)(nil))))
+}
+
 // ext returns e's extension, creating it (without hist) if missing. Call
 // with e.mu held.
 func (e *Entry) ext() *entryExt {
@@ -273,7 +318,10 @@ func (t *Table) hasUnsynced(e *Entry) bool {
 			return true
 		}
 		if t.syncing {
-			if s := t.sync(e, i); s.inflight != 0 || s.adj != 0 || s.prevPending != 0 || s.prevInflight != 0 || s.stale != 0 {
+			if s := t.sync(e, i); s.inflight != 0 || s.adj != 0 || s.prevPending != 0 || s.prevInflight != 0 {
+				return true
+			}
+			if st := t.stale(e, i); st != nil && st.n != 0 {
 				return true
 			}
 		}

@@ -67,9 +67,9 @@ func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 			dst = append(dst, Push{Rule: i, Win: win - 1, kind: pushPrev})
 			again = true
 		}
-		if s.stale != 0 {
-			dst = append(dst, Push{Rule: i, Win: s.staleWin, Delta: s.stale, kind: pushStale})
-			s.stale = 0
+		if st := t.stale(e, i); st != nil && st.n != 0 {
+			dst = append(dst, Push{Rule: i, Win: st.win, Delta: st.n, kind: pushStale})
+			st.n = 0
 		}
 	}
 	return dst, again
@@ -158,7 +158,7 @@ func (t *Table) Release(e *Entry, pushes []Push) {
 			s.prevInflight -= p.Delta
 			s.prevPending += p.Delta
 		default:
-			dropped += s.stash(p.Win, p.Delta)
+			dropped += t.stash(e, p.Rule, p.Win, p.Delta)
 		}
 	}
 	t.addDropped(dropped)
@@ -288,7 +288,7 @@ func (t *Table) Unsynced(e *Entry) int64 {
 	for i := range t.rules {
 		n += word(e.ctr(i).word.Load()).count()
 		if t.syncing {
-			n += t.sync(e, i).unsynced()
+			n += t.unsynced(e, i)
 		}
 	}
 	return n

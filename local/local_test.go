@@ -61,8 +61,10 @@ func TestRolloverKeepsThePreviousWindow(t *testing.T) {
 	// Two windows on, the 3 were never pushed: they are kept as stale, to
 	// be pushed still, and the 1 becomes the previous window's.
 	assert.True(t, allow(t, tb, "k", 1, 7*w))
-	assert.Equal(t, int64(3), s.stale)
-	assert.Equal(t, int64(5), s.staleWin)
+	st := tb.stale(e, 0)
+	require.NotNil(t, st, "stale increments are kept in the entry's extension")
+	assert.Equal(t, int64(3), st.n)
+	assert.Equal(t, int64(5), st.win)
 	pushes, _ := tb.Take(e, 7*w, nil)
 	assert.Equal(t, []Push{{Rule: 0, Win: 7, Delta: 1, kind: pushCur}, {Rule: 0, Win: 6, Delta: 1, kind: pushPrev}, {Rule: 0, Win: 5, Delta: 3, kind: pushStale}}, pushes)
 	assert.Equal(t, uint64(0), tb.Stats().Dropped, "nothing dropped while the loop takes")

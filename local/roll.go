@@ -83,12 +83,12 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 		s := t.sync(e, i)
 		// What this node still owes the window that stops being the
 		// previous one is pushed later, as stale.
-		dropped := s.stash(old-1, s.prevPending)
+		dropped := t.stash(e, i, old-1, s.prevPending)
 		if id == old+1 {
 			s.prevPending, s.prevInflight = p+s.adj, s.inflight
 			s.prevReadUntil = now + t.readPrev
 		} else {
-			dropped += s.stash(old, p+s.adj)
+			dropped += t.stash(e, i, old, p+s.adj)
 			s.prevPending, s.prevInflight, s.prevReadUntil = 0, 0, 0
 		}
 		s.inflight, s.adj = 0, 0

@@ -50,7 +50,7 @@ func (t *Table) Stats() Stats {
 		if t.syncing {
 			e.mu.Lock()
 			for i := range t.rules {
-				s.Unsynced += word(e.ctr(i).word.Load()).count() + t.sync(e, i).unsynced()
+				s.Unsynced += word(e.ctr(i).word.Load()).count() + t.unsynced(e, i)
 			}
 			e.mu.Unlock()
 		}

@@ -110,8 +110,9 @@ type Table struct {
 	flushed   chan struct{} // closed when the final flush has ended
 	flushOnce sync.Once
 
-	qmu   sync.Mutex
-	queue []*Entry
+	queue  atomic.Pointer[Entry] // the touched queue's head (queue.go)
+	qmu    sync.Mutex            // guards taking
+	taking *Entry                // the list Detach took, which Touched hands out
 
 	evicted   atomic.Uint64
 	dropped   atomic.Uint64

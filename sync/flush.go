@@ -51,7 +51,7 @@ func (l *Loop) Flush(ctx context.Context) error {
 	wait := 10 * time.Millisecond
 	for {
 		// What failed went back to its entries, which are queued again.
-		if l.touched() == 0 && len(l.doubt) == 0 {
+		if !l.touched() && len(l.doubt) == 0 {
 			return nil
 		}
 		t := time.NewTimer(wait) // wall time, like ctx: Close waits in real time

@@ -71,9 +71,9 @@ type Loop struct {
 	mu       sync.Mutex // one cycle at a time; guards the fields below
 	flushing bool
 	seq      uint64
-	doubt    []*batch         // batches in doubt, in the order they were first sent
-	entries  []owned          // one chunk being sent
-	scratch  [][]*local.Entry // per table, the entries touched (touched)
+	doubt    []*batch       // batches in doubt, in the order they were first sent
+	entries  []owned        // one chunk being sent
+	scratch  []*local.Entry // one chunk of touched entries
 	free     []*batch
 
 	stats   counters
@@ -111,48 +111,45 @@ type owned struct {
 	e *local.Entry
 }
 
-// touched moves every table's touched entries into l.scratch (one list
-// per table) and returns how many there are.
-func (l *Loop) touched() int {
-	if len(l.scratch) != len(l.cfg.Tables) {
-		l.scratch = make([][]*local.Entry, len(l.cfg.Tables))
+// touched starts a cycle in every table (local.Table.Detach) and reports
+// whether any entry was touched.
+func (l *Loop) touched() bool {
+	found := false
+	for _, t := range l.cfg.Tables {
+		if t.Detach() {
+			found = true
+		}
 	}
-	n := 0
-	for i, t := range l.cfg.Tables {
-		l.scratch[i] = t.Touched(l.scratch[i])
-		n += len(l.scratch[i])
-	}
-	return n
+	return found
 }
 
-// sendTouched sends l.scratch's entries in chunks, the batches in doubt
-// first, and empties l.scratch. A list longer than a few chunks is
-// dropped rather than kept for a later cycle: memory after a large cycle
-// is the table's queue alone.
-func (l *Loop) sendTouched(ctx context.Context, final bool) result {
+// sendTouched takes every table's touched entries in chunks and sends
+// them, the batches in doubt first. It returns the outcome and the number
+// of entries sent. Only a chunk of entries is held at a time: the queue
+// itself is linked through the entries.
+func (l *Loop) sendTouched(ctx context.Context, final bool) (result, int) {
 	var res result
-	sent := false
-	for i, t := range l.cfg.Tables {
-		list := l.scratch[i]
-		for from := 0; from < len(list); from += chunk {
-			for _, e := range list[from:min(from+chunk, len(list))] {
+	keys := 0
+	for _, t := range l.cfg.Tables {
+		for {
+			l.scratch = t.Touched(l.scratch[:0], chunk)
+			if len(l.scratch) == 0 {
+				break
+			}
+			keys += len(l.scratch)
+			for _, e := range l.scratch {
 				l.entries = append(l.entries, owned{t, e})
 			}
+			clear(l.scratch)
 			res.add(l.send(ctx, l.entries, final))
 			clear(l.entries)
 			l.entries = l.entries[:0]
-			sent = true
 		}
-		clear(list)
-		if cap(list) > 4*chunk {
-			list = nil
-		}
-		l.scratch[i] = list[:0]
 	}
-	if !sent && len(l.doubt) > 0 {
+	if keys == 0 && len(l.doubt) > 0 {
 		res.add(l.send(ctx, nil, final))
 	}
-	return res
+	return res, keys
 }
 
 // New returns a loop for cfg.
@@ -230,8 +227,7 @@ func (l *Loop) Cycle(ctx context.Context) error {
 	start := l.cfg.Clock.Now()
 	l.stats.running.Store(start.UnixNano())
 	defer l.stats.running.Store(0)
-	keys := l.touched()
-	if keys == 0 && len(l.doubt) == 0 {
+	if !l.touched() && len(l.doubt) == 0 {
 		if l.failing.Load() {
 			// Nothing to send, but the store was failing: probe it, so
 			// that a fail-closed limiter learns that it is back.
@@ -243,7 +239,7 @@ func (l *Loop) Cycle(ctx context.Context) error {
 		return nil
 	}
 	l.cycleFailed = map[int]bool{}
-	res := l.sendTouched(ctx, false)
+	res, keys := l.sendTouched(ctx, false)
 	failed := l.cycleFailed
 	l.failed.Store(&failed)
 	if res.applied == 0 && res.failed > 0 {
