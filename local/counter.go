@@ -61,16 +61,16 @@ type counter struct {
 }
 
 // syncState is one counter's bookkeeping with the sync loop, in tables
-// that sync (48 bytes). It is guarded by the entry's mutex, except share,
-// which decisions load.
+// that sync (40 bytes). It is guarded by the entry's mutex. Between
+// settles, base − inflight − adj is the store's total of window win as
+// last read (0 before the first read in the window), which the share
+// policy uses (see Table.othersShown).
 type syncState struct {
 	inflight      int64 // increments of win taken, not acknowledged
 	adj           int64 // signed increments of win to add to the next take
 	prevPending   int64 // increments of win-1 not taken yet
 	prevInflight  int64 // increments of win-1 taken, not acknowledged
 	prevReadUntil int64 // keep reading win-1 from the store until this instant (ns)
-
-	share atomic.Pointer[shareState] // the share policy's state, nil until the first sync
 }
 
 // staleCount is a counter's increments of a window older than the
@@ -166,6 +166,10 @@ type entryExt struct {
 	// stale holds, per rule, increments of a window older than the
 	// previous one still to push (see Table.stash); guarded by mu.
 	stale []staleCount
+	// share points to the first of the share policy's states, one per
+	// rule in one array, once a sync has shown another node's increments
+	// (see Table.shareOf); set under mu, read by decisions.
+	share atomic.Pointer[shareState]
 }
 
 // observed is a Log rule's counts as the store last decided them (the

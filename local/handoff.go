@@ -80,6 +80,9 @@ func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if t.share && t.shareOf(e, 0) == nil && t.othersShown(e, pushes, totals) {
+		t.newShares(e)
+	}
 	for k := range pushes {
 		p := &pushes[k]
 		c, s := e.ctr(p.Rule), t.sync(e, p.Rule)
@@ -102,7 +105,7 @@ func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 			}
 		}
 	}
-	if t.share {
+	if t.share && t.shareOf(e, 0) != nil {
 		t.settleShares(e, now, pushes, totals)
 	}
 }

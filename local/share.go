@@ -3,6 +3,7 @@ package local
 import (
 	"math"
 	"sync/atomic"
+	"unsafe"
 )
 
 // The share policy of the async mode. A node that decides on the cluster
@@ -104,8 +105,12 @@ func (sn *snapshot) store(v snapValues) {
 	sn.seq.Add(1)
 }
 
-// shareState is a counter's share-policy state, allocated at its first
-// sync under the share policy.
+// shareState is a counter's share-policy state. The states of an entry's
+// rules are allocated together, in the entry's extension, at the first
+// sync that shows another node's increments of one of its counters: until
+// then every share is 1 and the plain rule decides, as it would with
+// statistics (this node's part of the key's increments is all of them),
+// so a key that only this node decides costs nothing here.
 type shareState struct {
 	snap snapshot
 	st   shareStats // guarded by the entry's mutex
@@ -149,16 +154,58 @@ func (r *Rule) shareRoom(v snapValues, prev, cur, win, el int64) (room float64, 
 	return v.share*(r.limitF-known-lag) + v.dith - own, true
 }
 
+// shareStateSize is the size of one rule's share state.
+const shareStateSize = unsafe.Sizeof(shareState{})
+
+// shareOf returns rule i's share state of e, nil while e has none. It
+// takes no lock.
+func (t *Table) shareOf(e *Entry, i int) *shareState {
+	x := e.x.Load()
+	if x == nil {
+		return nil
+	}
+	p := x.share.Load()
+	if p == nil {
+		return nil
+	}
+	return (*shareState)(unsafe.Add(unsafe.Pointer(p), uintptr(i)*shareStateSize))
+}
+
+// othersShown reports whether the store's totals of pushes, which the
+// store applied, show increments of e's counters from other nodes: a
+// current window's total grew by more than this node pushed since it last
+// read it. Call with e.mu held, before Settle updates the counters.
+func (t *Table) othersShown(e *Entry, pushes []Push, totals []int64) bool {
+	for k := range pushes {
+		p := &pushes[k]
+		if p.kind != pushCur || !t.rules[p.Rule].counted() {
+			continue
+		}
+		c, s := e.ctr(p.Rule), t.sync(e, p.Rule)
+		if c.win.Load() != p.Win {
+			continue
+		}
+		// The store's total as last read; s.inflight holds p.Delta.
+		known := c.base.Load() - s.inflight - s.adj
+		if totals[k]-known-p.Delta > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// newShares gives e its rules' share states. Call with e.mu held.
+func (t *Table) newShares(e *Entry) {
+	states := make([]shareState, len(t.rules))
+	e.ext().share.Store(&states[0])
+}
+
 // settleShare updates rule i's share statistics after a sync at now that
 // read the store's totals cur (window win) and, when prevRead, prev
 // (window win−1), having pushed ownCur and ownPrev; then it publishes the
-// snapshot decisions use. Call with e.mu held.
+// snapshot decisions use. Call with e.mu held, once e has its share states.
 func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead bool, ownCur, ownPrev int64) {
-	x := t.sync(e, i).share.Load()
-	if x == nil {
-		x = new(shareState)
-		t.sync(e, i).share.Store(x)
-	}
+	x := t.shareOf(e, i)
 	st := &x.st
 	r := &t.rules[i]
 	var others int64
@@ -246,7 +293,7 @@ func (r *Rule) shareRetry(v snapValues, room float64, prev, el, n int64) int64 {
 // shareRoomOf returns the share policy's room for rule i of e, as
 // shareRoom, reading the counter's snapshot.
 func (t *Table) shareRoomOf(e *Entry, i int, prev, cur, win, el int64) (snapValues, float64, bool) {
-	x := t.sync(e, i).share.Load()
+	x := t.shareOf(e, i)
 	if x == nil {
 		return snapValues{}, 0, false
 	}
@@ -289,7 +336,7 @@ func (r *Rule) bucketRoom(v snapValues, b []int64, win int64) (room float64, ok 
 // bucketShareRoomOf returns the share policy's room for Buckets rule i of
 // e, whose counts are b in window win.
 func (t *Table) bucketShareRoomOf(e *Entry, i int, b []int64, win int64) (float64, bool) {
-	x := t.sync(e, i).share.Load()
+	x := t.shareOf(e, i)
 	if x == nil {
 		return 0, false
 	}
