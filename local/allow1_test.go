@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -22,6 +24,8 @@ func TestAllow1MatchesAllow(t *testing.T) {
 		"gcra":     {{Kind: GCRA, Limit: 20, Window: 100 * time.Millisecond, Burst: 5}},
 		"two":      {{Kind: Sliding, Limit: 5, Window: 20 * time.Millisecond}, {Kind: Sliding, Limit: 30, Window: 300 * time.Millisecond}},
 		"four":     {{Kind: Sliding, Limit: 6, Window: 30 * time.Millisecond}, {Kind: Fixed, Limit: 15, Window: 90 * time.Millisecond}, {Kind: Buckets, Limit: 40, Window: 400 * time.Millisecond, Buckets: 8}, {Kind: Sliding, Limit: 100, Window: time.Second}},
+		"windows3": {{Kind: Fixed, Limit: 8, Window: 40 * time.Millisecond}, {Kind: Sliding, Limit: 25, Window: 150 * time.Millisecond}, {Kind: Sliding, Limit: 60, Window: 500 * time.Millisecond}},
+		"windows4": {{Kind: Sliding, Limit: 6, Window: 30 * time.Millisecond}, {Kind: Fixed, Limit: 15, Window: 90 * time.Millisecond}, {Kind: Sliding, Limit: 40, Window: 400 * time.Millisecond}, {Kind: Sliding, Limit: 100, Window: time.Second}},
 		"five":     {{Kind: Sliding, Limit: 6, Window: 30 * time.Millisecond}, {Kind: Fixed, Limit: 15, Window: 90 * time.Millisecond}, {Kind: Sliding, Limit: 20, Window: 200 * time.Millisecond}, {Kind: Sliding, Limit: 40, Window: 400 * time.Millisecond}, {Kind: Sliding, Limit: 100, Window: time.Second}},
 		"mixedlog": {{Kind: Sliding, Limit: 6, Window: 30 * time.Millisecond}, {Kind: Log, Limit: 10, Window: 100 * time.Millisecond}},
 	}
@@ -102,6 +106,46 @@ func syncForTest(t *testing.T, tb *Table, st map[syncedCounter]int64, others, no
 		tb.Settle(e, now, pushes, totals)
 		if again {
 			tb.Requeue(e)
+		}
+	}
+}
+
+// TestAllow1RulesAllOrNothing races decisions through Allow1 (Allow when
+// it does not decide) on one key of three rules whose last is the
+// tightest, at one instant: a request is counted on every rule or on
+// none, so the tightest admits exactly its limit and every counter holds
+// exactly what was admitted.
+func TestAllow1RulesAllOrNothing(t *testing.T) {
+	rules := []Rule{
+		NewRule(Spec{Kind: Sliding, Limit: 1000, Window: time.Second}),
+		NewRule(Spec{Kind: Fixed, Limit: 1000, Window: time.Minute}),
+		NewRule(Spec{Kind: Sliding, Limit: 50, Window: time.Second}),
+	}
+	for _, syncing := range []bool{false, true} {
+		tb := NewTable(Options{Rules: rules, MaxKeys: 10, Syncing: syncing})
+		now := int64(time.Hour)
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for range 200 {
+					if r, _, _ := tb.Allow1("k", 1, now); r >= 0 {
+						admitted.Add(1)
+					} else if d, _ := tb.Allow("k", 1, now); d.Allowed {
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if admitted.Load() != 50 {
+			t.Fatalf("syncing=%v: admitted %d, want 50", syncing, admitted.Load())
+		}
+		e := tb.load(tb.hash("k"), "k")
+		for i := range rules {
+			if got := word(e.ctr(i).word.Load()).count(); got != 50 {
+				t.Errorf("syncing=%v: rule %d counts %d, want 50", syncing, i, got)
+			}
 		}
 	}
 }

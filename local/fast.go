@@ -3,6 +3,7 @@ package local
 import (
 	"math"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Allow1's fast paths: the common decisions, taken without building a
@@ -28,7 +29,10 @@ func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfte
 		return -1, 0, 0
 	}
 	if t.fast != 1 {
-		if t.fast == 2 {
+		switch t.fast {
+		case 4:
+			return t.allowRules(e, n, now)
+		case 2:
 			return t.allowWindows(e, n, now)
 		}
 		return t.allowShare(e, n, now)
@@ -106,6 +110,71 @@ func (t *Table) kept1(e *Entry, w word, win, n, now int64) bool {
 	res := reserved{upto: 1}
 	res.words[0], res.wins[0] = w, win
 	return t.committed(e, &res, n, now) == admitted
+}
+
+// allowRules is Allow1 for two to four Sliding or Fixed rules without the
+// share policy: decide's steps for each rule in turn, written out. Each
+// rule reads its words, computes the previous window's weighted part once
+// for its estimates before and after the request, and commits with one
+// compare-and-swap on the word it read; the tightest rule is found as
+// decide's fold finds it (the first of the least remaining). When a rule
+// cannot be counted, the rules before it are taken back.
+func (t *Table) allowRules(e *Entry, n, now int64) (rule int, remaining, resetAfter int64) {
+	var words [4]word // as read: undo needs the generation, which plus keeps
+	var wins [4]int64
+	remaining = math.MaxInt64
+	fn := float64(n)
+	rules := t.rules
+	r, c := t.rule0, &e.c0
+	for i := 0; ; {
+		w := word(c.word.Load())
+		win := c.win.Load()
+		el := now - win*r.w
+		if w.rolling() || uint64(el) >= uint64(r.w) {
+			return t.undoRules(e, i, &words, &wins, n)
+		}
+		words[i&3], wins[i&3] = w, win
+		prev, cur := c.prev.Load(), c.base.Load()+w.count()
+		part := float64(prev) * float64(r.w-el) * r.weigh // est = part + cur, as estimate
+		if !(part+float64(cur)+fn <= r.limitE) || !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
+			return t.undoRules(e, i, &words, &wins, n)
+		}
+		cur += n
+		if rem := r.remainingAdmitted(part + float64(cur)); rem < remaining {
+			rule, remaining, resetAfter = i, rem, r.full-el
+			if cur <= 0 {
+				resetAfter = r.resetAfter(prev, cur, el)
+			}
+		}
+		if i++; i == len(rules) {
+			break
+		}
+		// The next rule and its counter, which follows c in the entry.
+		r, c = &rules[i], (*counter)(unsafe.Add(unsafe.Pointer(c), counterSize))
+	}
+	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
+		res := reserved{upto: len(rules)}
+		copy(res.words[:], words[:])
+		copy(res.wins[:], wins[:])
+		if t.committed(e, &res, n, now) != admitted {
+			return -1, 0, 0
+		}
+	}
+	e.seen(now)
+	t.count(e).allowed.Add(1)
+	if t.syncing {
+		t.touch(e)
+	}
+	return rule, remaining, resetAfter
+}
+
+// undoRules takes back what allowRules counted on rules [0, upto) and
+// returns its answer for a decision it leaves to Allow.
+func (t *Table) undoRules(e *Entry, upto int, words *[4]word, wins *[4]int64, n int64) (int, int64, int64) {
+	for j := range upto {
+		t.undo(e, j, words[j&3], wins[j&3], n)
+	}
+	return -1, 0, 0
 }
 
 // allowWindows is Allow1 for several rules, or Buckets: each rule is checked and

@@ -60,11 +60,13 @@ type Rule struct {
 	limitE float64 // limitF + Epsilon
 	w      int64   // the counter's window (Buckets: one bucket), ns
 	invW   float64
-	fixed  bool  // the previous counter window does not weigh (Fixed, Buckets)
-	span   int64 // counter windows per window: Buckets' count, 1 otherwise
-	window int64 // the rule's window, ns
-	t      int64 // GCRA, Leaky: the emission interval, ns (whole µs)
-	burst  int64 // GCRA: bucket size; Leaky: queue size
+	weigh  float64 // invW, or 0 when the previous window does not weigh (Fixed): prevPart without a branch
+	fixed  bool    // the previous counter window does not weigh (Fixed, Buckets)
+	span   int64   // counter windows per window: Buckets' count, 1 otherwise
+	window int64   // the rule's window, ns
+	full   int64   // Sliding, Fixed: ns from a window's start until a count in it no longer weighs (resetAfter)
+	t      int64   // GCRA, Leaky: the emission interval, ns (whole µs)
+	burst  int64   // GCRA: bucket size; Leaky: queue size
 }
 
 // NewRule compiles s.
@@ -87,7 +89,14 @@ func NewRule(s Spec) Rule {
 			r.burst = s.Limit
 		}
 	}
+	r.full = 2 * r.w
+	if r.fixed {
+		r.full = r.w
+	}
 	r.invW = 1 / float64(r.w)
+	if !r.fixed {
+		r.weigh = r.invW
+	}
 	r.limitE = r.limitF + Epsilon
 	return r
 }

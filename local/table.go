@@ -99,7 +99,8 @@ type Table struct {
 	// fast selects Allow1's path: 1 for one Sliding or Fixed rule
 	// (decide1's), 3 for the same under the share policy, 2 for up to 4
 	// Sliding, Fixed or Buckets rules without the share policy (decide's),
-	// 0 for none.
+	// 4 for the same when they are 2 to 4 Sliding or Fixed rules, 0 for
+	// none.
 	fast    int
 	histOff []int // per rule: its first slot in Entry.hist (Buckets), followed by its sum slot
 	hist    int   // Entry.hist's length
@@ -150,6 +151,14 @@ func NewTable(o Options) *Table {
 		for i := range t.rules {
 			if !t.rules[i].counted() {
 				t.fast = 0
+			}
+		}
+	}
+	if t.fast == 2 && len(t.rules) > 1 {
+		t.fast = 4
+		for i := range t.rules {
+			if k := t.rules[i].kind; k != Sliding && k != Fixed {
+				t.fast = 2
 			}
 		}
 	}

@@ -32,7 +32,18 @@ func (r *Rule) estimate(prev, cur, elapsed int64) float64 {
 	if r.fixed || prev == 0 {
 		return float64(cur)
 	}
-	return float64(prev)*float64(r.w-elapsed)*r.invW + float64(cur)
+	return r.prevPart(prev, elapsed) + float64(cur)
+}
+
+// prevPart returns the previous window's part of the estimate at elapsed
+// into the current window: estimate is prevPart + cur, so that a decision
+// computes it once for the estimates before and after its request. The
+// conversion rounds the product, as estimate's sum needs.
+func (r *Rule) prevPart(prev, elapsed int64) float64 {
+	if r.fixed || prev == 0 {
+		return 0
+	}
+	return float64(float64(prev) * float64(r.w-elapsed) * r.invW)
 }
 
 // admits reports whether a request of cost n fits under the rule when the
@@ -57,6 +68,14 @@ func (r *Rule) remaining(est float64) int64 {
 		return 0
 	}
 	return int64(left) // truncation is the floor of a non-negative value
+}
+
+// remainingAdmitted is remaining for the estimate after a request the
+// rule admitted: est is at most limit + Epsilon plus a rounding error far
+// below one, so limit − est + Epsilon is above −1, and the conversion,
+// which truncates towards zero, gives remaining's 0 without the test.
+func (r *Rule) remainingAdmitted(est float64) int64 {
+	return int64(r.limitF - est + Epsilon)
 }
 
 // retryAfter returns how long from elapsed into the current window until a
