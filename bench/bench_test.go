@@ -6,8 +6,10 @@ import (
 	"hash/fnv"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +18,8 @@ import (
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 	"github.com/hybridlimit/hybridlimit/internal/storetest"
+	"github.com/hybridlimit/hybridlimit/local"
+	"github.com/hybridlimit/hybridlimit/store"
 )
 
 // Concurrency. Local decisions are CPU-bound: BenchmarkLocal sets
@@ -114,6 +118,7 @@ func benchDistributed(b *testing.B, im impl, goroutines int) {
 	}
 	var next, denied atomic.Int64
 	var wg sync.WaitGroup
+	cpu := startCPU(b)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for g := range goroutines {
@@ -131,12 +136,115 @@ func benchDistributed(b *testing.B, im impl, goroutines int) {
 	}
 	wg.Wait()
 	b.StopTimer()
+	cpu.report(b)
 	b.ReportMetric(float64(denied.Load())/float64(b.N), "denied/op")
 	if isHybrid {
 		after := h.l.Stats()
 		b.ReportMetric(float64(after.KeysPushed-before.KeysPushed)/float64(b.N), "redis-cmds/op")
 		b.ReportMetric(float64(after.StoreCalls-before.StoreCalls)/float64(b.N), "round-trips/op")
 	}
+}
+
+// BenchmarkTakeScript measures the ceiling of the synchronous mode: the
+// Redis store's take script alone, driven by one goroutine that calls
+// store.Redis.Take with pre-built requests, 512 per call (the synchronous
+// mode's largest batch), one call at a time on one connection, over the
+// same 1000 keys and rule as BenchmarkDistributed. No queue, no waiting
+// goroutines, no local table: what is left is building the script's
+// arguments, the script in Redis and reading its reply. One op is one
+// decision, as in BenchmarkDistributed.
+func BenchmarkTakeScript(b *testing.B) {
+	b.Run("impl=take-script/keys=1k/rules=1/batch=512", benchTakeScript)
+}
+
+func benchTakeScript(b *testing.B) {
+	st, err := store.NewRedis(redistest.Client(b), store.RedisOptions{Lanes: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const nkeys, batch = 1000, 512
+	rules := []local.Rule{local.NewRule(local.Spec{Kind: local.Sliding, Limit: oneRule[0].n, Window: oneRule[0].window})}
+	prefix := redistest.Prefix(b)
+	keys := keyNames(nkeys)
+	now := time.Now().UnixMicro()
+	reqs := make([]*store.TakeRequest, nkeys+batch)
+	for i := range reqs {
+		reqs[i] = &store.TakeRequest{Prefix: prefix, Key: keys[i%nkeys], Rules: rules, Now: now,
+			Deadline: now + time.Hour.Microseconds(), Cost: 1}
+	}
+	take := func(reqs []*store.TakeRequest) {
+		if err := st.Take(ctx, reqs); err != nil {
+			b.Fatal(err)
+		}
+		for _, r := range reqs {
+			if r.Status != store.Applied || !r.Allowed {
+				b.Fatalf("request for %q: %v (%v), allowed %v", r.Key, r.Status, r.Err, r.Allowed)
+			}
+		}
+	}
+	take(reqs[:nkeys]) // every key's counter exists, as after BenchmarkDistributed's warm-up
+	cpu := startCPU(b)
+	b.ReportAllocs()
+	b.ResetTimer()
+	at := 0
+	for done := 0; done < b.N; done += batch {
+		take(reqs[at : at+min(batch, b.N-done)])
+		at = (at + batch) % nkeys
+	}
+	b.StopTimer()
+	cpu.report(b)
+}
+
+// cpuMeter measures the CPU time that the benchmark's process and the Redis
+// server spend per op. On a machine shared with other work, wall time per
+// op varies between runs; the CPU time each side spends per decision
+// varies much less.
+type cpuMeter struct {
+	rdb            *redis.Client
+	client, server time.Duration
+}
+
+func startCPU(b *testing.B) *cpuMeter {
+	m := &cpuMeter{rdb: redistest.Client(b)}
+	m.client, m.server = processCPU(), serverCPU(b, m.rdb)
+	return m
+}
+
+// report adds the metrics client-cpu-ns/op and server-cpu-ns/op.
+func (m *cpuMeter) report(b *testing.B) {
+	client, server := processCPU()-m.client, serverCPU(b, m.rdb)-m.server
+	b.ReportMetric(float64(client.Nanoseconds())/float64(b.N), "client-cpu-ns/op")
+	b.ReportMetric(float64(server.Nanoseconds())/float64(b.N), "server-cpu-ns/op")
+}
+
+// processCPU returns the CPU time this process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// serverCPU returns the CPU time the Redis server has used, user and
+// system (INFO cpu).
+func serverCPU(b *testing.B, rdb *redis.Client) time.Duration {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatalf("INFO cpu: %s: %v", line, err)
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
 
 // BenchmarkSync measures how many key updates per second one node pushes

@@ -21,8 +21,8 @@ import (
 // routes each batch to its slot's master and follows MOVED redirections.
 //
 // Push sends each Batch as one call of a Lua script that applies the batch
-// at most once (see the package documentation) and Take sends each group's
-// requests as one call of another; all calls of a Push or Take go out in
+// at most once (see the package documentation) and Take sends its requests
+// as one call of another (in a Redis Cluster, one per hash slot); all calls of a Push or Take go out in
 // pipelines, up to Lanes of them at once (in a Redis Cluster, up to Lanes
 // per master: a pipeline never spans masters, so that one failing master
 // cannot fail the calls of another). A circuit breaker per server

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 	"github.com/hybridlimit/hybridlimit/internal/storetest"
+	"github.com/hybridlimit/hybridlimit/local"
 	"github.com/hybridlimit/hybridlimit/store"
 )
 
@@ -180,4 +182,30 @@ func TestRedisWaitReplicas(t *testing.T) {
 	b := batch(plain, pfx, "n", "k", 2, op(w, id, 1))
 	push(t, plain, b)
 	assert.Equal(t, []int64{5}, b.Totals, "3 pushed, 1 taken (in doubt, but run), 1 pushed")
+}
+
+// With a standalone client, a Take's requests go out as one script call in
+// one pipeline, whatever lanes their keys fall in: the server reads and
+// answers one round trip per Take.
+func TestRedisTakeIsOneCallPerTake(t *testing.T) {
+	s := storetest.Redis(t, redistest.Client(t))
+	pfx := redistest.Prefix(t)
+	rules := []local.Rule{local.NewRule(local.Spec{Kind: local.Sliding, Limit: 100, Window: time.Minute})}
+	now := time.Now().UnixMicro()
+	var reqs []*store.TakeRequest
+	lanes := map[int]bool{}
+	for i := 0; len(lanes) < 4 || len(reqs) < 16; i++ {
+		key := "k" + strconv.Itoa(i)
+		lanes[s.Group(key)] = true
+		reqs = append(reqs, &store.TakeRequest{Prefix: pfx, Key: key, Rules: rules, Now: now, Deadline: now + time.Minute.Microseconds(), Cost: 1})
+	}
+	ctx := context.Background()
+	require.NoError(t, s.Take(ctx, reqs[:1])) // the server has the script cached
+	before := s.Calls()
+	require.NoError(t, s.Take(ctx, reqs))
+	assert.Equal(t, uint64(1), s.Calls()-before, "pipelines sent for %d requests in %d lanes", len(reqs), len(lanes))
+	for _, r := range reqs {
+		require.Equal(t, store.Applied, r.Status, "%v", r.Err)
+		assert.True(t, r.Allowed)
+	}
 }

@@ -13,10 +13,14 @@ import (
 )
 
 // The Redis store's Take: the synchronous decisions, one take script call
-// per group, prefix and set of rules.
+// per prefix and set of rules (and, in a Redis Cluster, per hash slot).
 
-// Take implements Store. The requests of one group and one set of rules
-// go out as one script call.
+// Take implements Store. The requests of one set of rules go out as one
+// script call per Redis Cluster hash slot; with a standalone or Sentinel
+// client, whose keys are all on one server, as one script call whatever
+// their keys: every call of a Take shares one pipeline, and the server's
+// cost of a round trip (reading, parsing and answering it) is paid once per
+// Take rather than once per lane.
 func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 	if err := ctx.Err(); err != nil {
 		for _, r := range reqs {
@@ -42,7 +46,10 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			r.Status, r.Err = Failed, err
 			continue
 		}
-		g := s.Group(r.Key)
+		g := 0
+		if s.cluster != nil {
+			g = Slot(r.Key)
+		}
 		k := callKey{g, r.Prefix, &r.Rules[0], len(r.Rules)}
 		c := index[k]
 		if c == nil {
