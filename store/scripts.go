@@ -25,29 +25,33 @@ local m = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local dup = m >= seq
 local out = {dup and 1 or 0}
 local now
+local call, pcall = redis.call, redis.pcall
 for i = 2, #KEYS do
-  local d, rate = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
+  -- The delta goes to INCRBY as the string it came as: a Lua number would
+  -- be formatted back into one, which costs more than the INCRBY.
+  local ds, rs = ARGV[2 * i - 1], ARGV[2 * i]
   local v
-  if dup or d == 0 then
-    local s = redis.call('GET', KEYS[i])
+  if dup or ds == '0' then
+    local s = call('GET', KEYS[i])
     v = tonumber(s or '0')
     if v == nil then v = {err = 'counter holds a value that is not an integer'} end
-  elseif rate > 0 then
+  elseif rs ~= '0' then
+    local d, rate = tonumber(ds), tonumber(rs)
     if not now then
-      local t = redis.call('TIME')
+      local t = call('TIME')
       now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     end
-    local tat = tonumber(redis.call('GET', KEYS[i]) or '0') or 0
+    local tat = tonumber(call('GET', KEYS[i]) or '0') or 0
     if d > 0 and tat < now then tat = now end
     tat = tat + d * rate
-    redis.call('SET', KEYS[i], tat, 'PX', math.floor(math.max(tat - now, 0) / 1000) + 60000)
+    call('SET', KEYS[i], tat, 'PX', math.floor(math.max(tat - now, 0) / 1000) + 60000)
     v = tat
   else
-    v = redis.pcall('INCRBY', KEYS[i], d)
-    if v == d then
+    v = pcall('INCRBY', KEYS[i], ds)
+    if v == tonumber(ds) then
       local w, span, id = string.match(KEYS[i], ':(%d+)x?(%d*):(%-?%d+)$')
       local sp = tonumber(span) or 1
-      redis.call('PEXPIREAT', KEYS[i], (tonumber(id) + 1 + sp) * tonumber(w) + 60000)
+      call('PEXPIREAT', KEYS[i], (tonumber(id) + 1 + sp) * tonumber(w) + 60000)
     end
   end
   out[i] = v
