@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261123111831-1477660e610f
+	github.com/hybridlimit/hybridlimit v0.0.0-20261123114948-4ee19306b7d0
 	github.com/stretchr/testify v1.12.1
 )
 
