@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261123114948-4ee19306b7d0
+	github.com/hybridlimit/hybridlimit v0.0.0-20261123115312-7ec6757b0cb2
 	github.com/stretchr/testify v1.12.1
 )
 
