@@ -135,7 +135,7 @@ func (t *Table) allowRules(e *Entry, n, now int64) (rule int, remaining, resetAf
 		}
 		words[i&3], wins[i&3] = w, win
 		prev, cur := c.prev.Load(), c.base.Load()+w.count()
-		part := float64(prev) * float64(r.w-el) * r.weigh // est = part + cur, as estimate
+		part := r.prevPart(prev, el) // est = part + cur, as estimate
 		if !(part+float64(cur)+fn <= r.limitE) || !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
 			return t.undoRules(e, i, &words, &wins, n)
 		}

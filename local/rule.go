@@ -60,7 +60,7 @@ type Rule struct {
 	limitE float64 // limitF + Epsilon
 	w      int64   // the counter's window (Buckets: one bucket), ns
 	invW   float64
-	weigh  float64 // invW, or 0 when the previous window does not weigh (Fixed): prevPart without a branch
+	weigh  float64 // invW, or 0 when the previous window does not weigh (Fixed, Buckets): prevPart without a branch
 	fixed  bool    // the previous counter window does not weigh (Fixed, Buckets)
 	span   int64   // counter windows per window: Buckets' count, 1 otherwise
 	window int64   // the rule's window, ns

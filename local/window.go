@@ -29,7 +29,7 @@ func WindowOf(now, w int64) (id, elapsed int64) {
 // estimate returns the rule's count over its window at elapsed into the
 // current window, given the previous and current windows' counts.
 func (r *Rule) estimate(prev, cur, elapsed int64) float64 {
-	if r.fixed || prev == 0 {
+	if prev == 0 {
 		return float64(cur)
 	}
 	return r.prevPart(prev, elapsed) + float64(cur)
@@ -37,13 +37,11 @@ func (r *Rule) estimate(prev, cur, elapsed int64) float64 {
 
 // prevPart returns the previous window's part of the estimate at elapsed
 // into the current window: estimate is prevPart + cur, so that a decision
-// computes it once for the estimates before and after its request. The
-// conversion rounds the product, as estimate's sum needs.
+// computes it once for the estimates before and after its request. It is
+// 0 for a rule whose previous window does not weigh (r.weigh is 0), without
+// a branch. The conversion rounds the product, as estimate's sum needs.
 func (r *Rule) prevPart(prev, elapsed int64) float64 {
-	if r.fixed || prev == 0 {
-		return 0
-	}
-	return float64(float64(prev) * float64(r.w-elapsed) * r.invW)
+	return float64(float64(prev) * float64(r.w-elapsed) * r.weigh)
 }
 
 // admits reports whether a request of cost n fits under the rule when the
