@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261123120406-7d33b5bae7c9
+	github.com/hybridlimit/hybridlimit v0.0.0-20261123120933-66dc9539ab8d
 	github.com/stretchr/testify v1.12.1
 )
 
