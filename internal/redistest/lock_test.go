@@ -2,11 +2,14 @@ package redistest_test
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,7 +95,7 @@ func TestLockWritersFirst(t *testing.T) {
 	r2 := holdLock(t, dir, "shared", 0)
 	r2Locked := r2.wait(t, "second reader locks beside the first", r2.locked)
 	w := holdLock(t, dir, "exclusive", 300*time.Millisecond)
-	time.Sleep(200 * time.Millisecond) // w is waiting for r1
+	waitGateHeld(t, dir) // w is waiting for r1, holding the gate
 	r3 := holdLock(t, dir, "shared", 0)
 
 	r1Released := r1.wait(t, "first reader releases", r1.released)
@@ -108,4 +111,29 @@ func TestLockWritersFirst(t *testing.T) {
 	if r3Locked.Before(wReleased) {
 		t.Errorf("late reader locked at +%v, before the waiting writer released at +%v", r3Locked.Sub(r1Locked), wReleased.Sub(r1Locked))
 	}
+}
+
+// waitGateHeld waits until a writer holds the lock's gate: it keeps it
+// while it waits, and a reader holds it only for an instant. A fixed sleep
+// instead let a late reader in first when the writer's process started
+// slowly on a loaded machine.
+func waitGateHeld(t *testing.T, dir string) {
+	t.Helper()
+	gate, err := os.OpenFile(filepath.Join(dir, "topology.gate"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gate.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		err := syscall.Flock(int(gate.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return
+		}
+		if err == nil {
+			_ = syscall.Flock(int(gate.Fd()), syscall.LOCK_UN)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("the writer did not take the gate within 20s")
 }
