@@ -96,6 +96,9 @@ func TestRedisSynchronousExactness(t *testing.T) {
 	nodes := redisNodes(t, c, 8, hybridlimit.Config{
 		Rules: []hybridlimit.Rule{{Limit: 1000, Window: time.Hour}, {Limit: 5000, Window: 24 * time.Hour}},
 		Mode:  hybridlimit.ModeSynchronous,
+		// Exactness, not latency: a decision past its deadline would be
+		// decided Degraded, which a loaded machine must not cause here.
+		StoreTimeout: exactTimeout,
 	})
 	admitted, degraded := decideExact(t, nodes, 32, 6) // 8 × 32 × 6 = 1536 requests for 1000
 	assert.Equal(t, int64(0), degraded)
@@ -221,7 +224,7 @@ func TestRedisSynchronousExactnessEveryAlgorithm(t *testing.T) {
 		{Limit: 300, Window: time.Hour, Type: hybridlimit.LeakyBucket},
 	} {
 		t.Run(rule.Type.String(), func(t *testing.T) {
-			nodes := redisNodes(t, c, 10, hybridlimit.Config{Rules: []hybridlimit.Rule{rule}, Mode: hybridlimit.ModeSynchronous})
+			nodes := redisNodes(t, c, 10, hybridlimit.Config{Rules: []hybridlimit.Rule{rule}, Mode: hybridlimit.ModeSynchronous, StoreTimeout: exactTimeout})
 			admitted, degraded := decideExact(t, nodes, 50, 2) // 1000 requests for 300
 			assert.Equal(t, int64(0), degraded)
 			assert.Equal(t, int64(300), admitted)
@@ -254,6 +257,11 @@ func TestRedisLogTrimmedAndExpiring(t *testing.T) {
 	assert.LessOrEqual(t, ttl, time.Minute)
 	assert.Greater(t, ttl, 55*time.Second)
 }
+
+// exactTimeout is the StoreTimeout of the exactness tests: long enough that
+// no decision misses its deadline (and is decided Degraded) because the
+// machine is loaded.
+const exactTimeout = 20 * time.Second
 
 // decideExact has goroutines goroutines per node each ask each times for
 // the key "exact", all at once, and returns how many requests were
