@@ -53,7 +53,7 @@ func TestRedisAsyncConvergence(t *testing.T) {
 	c := redistest.Client(t)
 	pfx := redistest.Prefix(t)
 	rules := []hybridlimit.Rule{{Limit: 1_000_000, Window: time.Hour}, {Limit: 10_000_000, Window: 24 * time.Hour, Type: hybridlimit.Fixed}}
-	nodes := redisNodes(t, c, 4, hybridlimit.Config{Rules: rules, Mode: hybridlimit.ModeAsync, Prefix: pfx, Manual: true, ClockSync: -1})
+	nodes := redisNodes(t, c, 4, hybridlimit.Config{Rules: rules, Mode: hybridlimit.ModeAsync, Prefix: pfx, Manual: true, ClockSync: -1, StoreTimeout: exactTimeout})
 	ctx := context.Background()
 	keys := []string{"plain", "with space", "{braces}", "new\nline", "\x00\xffbin"}
 	var admitted atomic.Int64
