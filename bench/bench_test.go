@@ -251,9 +251,12 @@ func serverCPU(b *testing.B, rdb *redis.Client) time.Duration {
 // to Redis and pulls back (INCRBY returns the merged total), through the
 // real sync loop: a ModeAsync limiter with Manual set, whose keys were all
 // touched since the last cycle, runs one Sync per iteration. Beside it, in
-// the same run, the plain design: one go-redis pipeline of INCRBY + EXPIRE
-// per key. One op is one cycle over all the keys; the figure to compare is
-// keys/s.
+// the same run, plain command shapes (benchSyncPipeline, benchSyncMulti,
+// benchSyncHash) and the candidate at-most-once shapes without Lua
+// (benchSyncWatchHash, benchSyncWatchSlots). One op is one cycle over all
+// the keys; the figure to compare is keys/s, and, steadier on a loaded
+// machine, the CPU time each side spends per key (client-cpu-ns/key:
+// this process, getrusage; server-cpu-ns/key: INFO cpu).
 func BenchmarkSync(b *testing.B) {
 	for _, nkeys := range []int{1000, 10_000, 100_000} {
 		b.Run(fmt.Sprintf("impl=hybridlimit-async/keys=%s", count(nkeys)), func(b *testing.B) {
@@ -268,6 +271,15 @@ func BenchmarkSync(b *testing.B) {
 		b.Run(fmt.Sprintf("impl=pipeline-hincrby/keys=%s", count(nkeys)), func(b *testing.B) {
 			benchSyncHash(b, nkeys)
 		})
+		b.Run(fmt.Sprintf("impl=watch-multi-hincrby/keys=%s", count(nkeys)), func(b *testing.B) {
+			benchSyncWatchHash(b, nkeys, true)
+		})
+		b.Run(fmt.Sprintf("impl=multi-hincrby/keys=%s", count(nkeys)), func(b *testing.B) {
+			benchSyncWatchHash(b, nkeys, false)
+		})
+		b.Run(fmt.Sprintf("impl=watch-multi-hincrby-slots/keys=%s", count(nkeys)), func(b *testing.B) {
+			benchSyncWatchSlots(b, nkeys)
+		})
 	}
 }
 
@@ -275,7 +287,7 @@ func benchSyncHybrid(b *testing.B, nkeys int) {
 	l, err := hybridlimit.New(hybridlimit.Config{
 		Rules:  hybridRules(oneRule),
 		Mode:   hybridlimit.ModeAsync,
-		Store:  storetest.Redis(b, redistest.Client(b)),
+		Store:  storetest.Redis(b, syncClient(b)),
 		Prefix: redistest.Prefix(b),
 		Manual: true,
 		// A cycle of 100k keys takes hundreds of milliseconds on a busy
@@ -301,17 +313,27 @@ func benchSyncHybrid(b *testing.B, nkeys int) {
 		b.Fatal(err)
 	}
 	before := l.Stats()
+	m := startCPU(b)
+	var client, server time.Duration
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
 		touch()
+		c0, s0 := processCPU(), serverCPU(b, m.rdb)
 		b.StartTimer()
 		if err := l.Sync(ctx); err != nil {
 			b.Fatal(err)
 		}
+		b.StopTimer()
+		client += processCPU() - c0
+		server += serverCPU(b, m.rdb) - s0
+		b.StartTimer()
 	}
 	b.StopTimer()
+	n := float64(b.N * nkeys)
+	b.ReportMetric(float64(client.Nanoseconds())/n, "client-cpu-ns/key")
+	b.ReportMetric(float64(server.Nanoseconds())/n, "server-cpu-ns/key")
 	// Every key's counter once per cycle; after the rule's window
 	// boundary a key also reads its previous window's counter for a
 	// while (2 × SyncRate), which adds operations but not keys.
@@ -323,7 +345,7 @@ func benchSyncHybrid(b *testing.B, nkeys int) {
 }
 
 func benchSyncPipeline(b *testing.B, nkeys int) {
-	c := redistest.Client(b)
+	c := syncClient(b)
 	keys := counterKeys(b, nkeys)
 	run := func(ctx context.Context) {
 		pipe := c.Pipeline()
@@ -360,7 +382,7 @@ func counterKeys(b *testing.B, nkeys int) []string {
 // per key: INCRBY per key in MULTI/EXEC transactions of 512 (the size of
 // hybridlimit's batches), pipelined, with no expiry; the totals read back.
 func benchSyncMulti(b *testing.B, nkeys int) {
-	c := redistest.Client(b)
+	c := syncClient(b)
 	keys := counterKeys(b, nkeys)
 	run := func(ctx context.Context) {
 		pipe := c.Pipeline()
@@ -395,7 +417,7 @@ func benchSyncMulti(b *testing.B, nkeys int) {
 // hash per cycle, pipelined; the totals read back. Fewer keys and expiries
 // for the server, but every counter of a hash is in one Cluster slot.
 func benchSyncHash(b *testing.B, nkeys int) {
-	c := redistest.Client(b)
+	c := syncClient(b)
 	prefix := redistest.Prefix(b)
 	const shards = 64
 	win := strconv.FormatInt(time.Now().UnixMilli()/60000, 10)
@@ -431,17 +453,231 @@ func benchSyncHash(b *testing.B, nkeys int) {
 	runSyncShape(b, nkeys, run)
 }
 
+// benchSyncWatchHash is a candidate at-most-once push without Lua: the
+// counters of a window as fields of 64 hashes (by the key's slot), split
+// into 4 groups (16 hashes each) as the Redis store's 4 lanes split them,
+// each group on its own connection at once. Per group and cycle, round
+// trip 1: WATCH the group's marker and GET it; round trip 2: MULTI,
+// HINCRBY per counter of the batches whose sequence is above the marker,
+// one PEXPIREAT per hash, SET marker seq PX ttl, EXEC (a nil EXEC, the
+// marker changed, would re-read and retry). The totals read back. Without
+// watch, round trip 2 alone: the path of a batch never sent before, which
+// no marker can have seen.
+func benchSyncWatchHash(b *testing.B, nkeys int, watch bool) {
+	c := syncClient(b)
+	prefix := redistest.Prefix(b)
+	const shards, groups = 64, 4
+	win := time.Now().UnixMilli() / 60000
+	hashes := make([]string, shards)
+	for i := range hashes {
+		hashes[i] = prefix + ":h" + strconv.Itoa(i) + ":60000:" + strconv.FormatInt(win, 10)
+	}
+	expireAt := time.UnixMilli((win+2)*60000 + 60000)
+	keys := keyNames(nkeys)
+	per := make([][]int, groups) // key indexes per group
+	shard := make([]int, nkeys)
+	for i, k := range keys {
+		shard[i] = store.Slot(k) % shards
+		g := shard[i] % groups
+		per[g] = append(per[g], i)
+	}
+	markers := make([]string, groups)
+	seqs := make([]int64, groups)
+	for g := range markers {
+		markers[g] = prefix + ":m:" + strconv.Itoa(g)
+	}
+	push := func(ctx context.Context, g int) {
+		seqs[g]++
+		seq := seqs[g]
+		var incr []*redis.IntCmd
+		if !watch {
+			_, err := c.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+				for _, i := range per[g] {
+					incr = append(incr, pipe.HIncrBy(ctx, hashes[shard[i]], keys[i], 1))
+				}
+				for h := g; h < shards; h += groups {
+					pipe.PExpireAt(ctx, hashes[h], expireAt)
+				}
+				pipe.Set(ctx, markers[g], seq, time.Minute)
+				return nil
+			})
+			if err != nil {
+				b.Error(err)
+			}
+			return
+		}
+		err := c.Watch(ctx, func(tx *redis.Tx) error {
+			m, err := tx.Get(ctx, markers[g]).Int64()
+			if err != nil && err != redis.Nil {
+				return err
+			}
+			incr = incr[:0]
+			_, err = tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+				if m >= seq { // applied before: read the totals only
+					for _, i := range per[g] {
+						incr = append(incr, pipe.HIncrBy(ctx, hashes[shard[i]], keys[i], 0))
+					}
+					return nil
+				}
+				for _, i := range per[g] {
+					incr = append(incr, pipe.HIncrBy(ctx, hashes[shard[i]], keys[i], 1))
+				}
+				for h := g; h < shards; h += groups {
+					pipe.PExpireAt(ctx, hashes[h], expireAt)
+				}
+				pipe.Set(ctx, markers[g], seq, time.Minute)
+				return nil
+			})
+			return err
+		}, markers[g])
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		for _, cmd := range incr {
+			if _, err := cmd.Result(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	}
+	run := func(ctx context.Context) {
+		var wg sync.WaitGroup
+		for g := 1; g < groups; g++ {
+			wg.Go(func() { push(ctx, g) })
+		}
+		push(ctx, 0)
+		wg.Wait()
+		if b.Failed() {
+			b.FailNow()
+		}
+	}
+	runSyncShape(b, nkeys, run)
+}
+
+// benchSyncWatchSlots is benchSyncWatchHash as a Redis Cluster requires
+// it: a transaction (WATCH, MULTI, EXEC) touches one hash slot, so a group
+// is a slot, with its marker and one hash per window (about 6 keys per
+// hash at 100k keys); EXEC drops every WATCH of its connection, so a
+// connection runs one group's two round trips at a time. 16 connections
+// at once, on the one test server.
+func benchSyncWatchSlots(b *testing.B, nkeys int) {
+	c := syncClient(b)
+	prefix := redistest.Prefix(b)
+	const workers = 16
+	win := time.Now().UnixMilli() / 60000
+	expireAt := time.UnixMilli((win+2)*60000 + 60000)
+	keys := keyNames(nkeys)
+	per := map[int][]int{}
+	for i, k := range keys {
+		s := store.Slot(k)
+		per[s] = append(per[s], i)
+	}
+	slots := make([]int, 0, len(per))
+	for s := range per {
+		slots = append(slots, s)
+	}
+	hashes := make(map[int]string, len(per))
+	markers := make(map[int]string, len(per))
+	for _, s := range slots {
+		tag := "{" + strconv.Itoa(s) + "}"
+		hashes[s] = prefix + ":" + tag + ":60000:" + strconv.FormatInt(win, 10)
+		markers[s] = prefix + ":m:" + tag
+	}
+	var seq int64
+	push := func(ctx context.Context, s int) error {
+		var incr []*redis.IntCmd
+		err := c.Watch(ctx, func(tx *redis.Tx) error {
+			m, err := tx.Get(ctx, markers[s]).Int64()
+			if err != nil && err != redis.Nil {
+				return err
+			}
+			incr = incr[:0]
+			_, err = tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+				d := int64(1)
+				if m >= seq {
+					d = 0
+				}
+				for _, i := range per[s] {
+					incr = append(incr, pipe.HIncrBy(ctx, hashes[s], keys[i], d))
+				}
+				if d != 0 {
+					pipe.PExpireAt(ctx, hashes[s], expireAt)
+					pipe.Set(ctx, markers[s], seq, time.Minute)
+				}
+				return nil
+			})
+			return err
+		}, markers[s])
+		if err != nil {
+			return err
+		}
+		for _, cmd := range incr {
+			if err := cmd.Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	run := func(ctx context.Context) {
+		seq++
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for {
+					k := int(next.Add(1)) - 1
+					if k >= len(slots) {
+						return
+					}
+					if err := push(ctx, slots[k]); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if b.Failed() {
+			b.FailNow()
+		}
+	}
+	runSyncShape(b, nkeys, run)
+}
+
+// syncClient returns a client of the test server whose reads and writes
+// wait up to a minute: a pipeline of 100k commands on a busy 2-core
+// machine takes longer than the test client's second.
+func syncClient(b *testing.B) *redis.Client {
+	o := *redistest.Client(b).Options()
+	o.ReadTimeout, o.WriteTimeout = time.Minute, time.Minute
+	c := redis.NewClient(&o)
+	b.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // runSyncShape times run as a benchmark of sync cycles over nkeys keys,
 // after one run that creates the keys.
 func runSyncShape(b *testing.B, nkeys int, run func(context.Context)) {
 	run(ctx)
+	m := startCPU(b)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
 		run(ctx)
 	}
 	b.StopTimer()
+	m.reportPerKey(b, nkeys)
 	b.ReportMetric(float64(b.N*nkeys)/b.Elapsed().Seconds(), "keys/s")
+}
+
+// reportPerKey adds the metrics client-cpu-ns/key and server-cpu-ns/key
+// over b.N cycles of nkeys keys.
+func (m *cpuMeter) reportPerKey(b *testing.B, nkeys int) {
+	client, server := processCPU()-m.client, serverCPU(b, m.rdb)-m.server
+	n := float64(b.N * nkeys)
+	b.ReportMetric(float64(client.Nanoseconds())/n, "client-cpu-ns/key")
+	b.ReportMetric(float64(server.Nanoseconds())/n, "server-cpu-ns/key")
 }
 
 // BenchmarkMemory measures the heap held per tracked key once a limiter

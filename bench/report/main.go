@@ -377,8 +377,8 @@ func printReport(w io.Writer, res []*result, instr []instruction, cpu string, to
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "One op is one sync cycle over all the keys (push the increments, pull the merged totals). Ratio: hybridlimit's keys/s divided by the implementation's.")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| keys | impl | ms/cycle | keys/s | allocs/op | hybridlimit ÷ impl |")
-		fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: |")
+		fmt.Fprintln(w, "| keys | impl | ms/cycle | keys/s | server CPU ns/key | client CPU ns/key | allocs/op | hybridlimit ÷ impl |")
+		fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 		for _, r := range res {
 			if r.family != "Sync" {
 				continue
@@ -388,8 +388,8 @@ func printReport(w io.Writer, res []*result, instr []instruction, cpu string, to
 			if h != nil {
 				hv = h.m["keys/s"]
 			}
-			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", r.params["keys"], r.impl, num(r.m["ns/op"]/1e6),
-				si(r.m["keys/s"]), si(r.m["allocs/op"]), ratio(hv, r.m["keys/s"]))
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", r.params["keys"], r.impl, num(r.m["ns/op"]/1e6),
+				si(r.m["keys/s"]), num(r.m["server-cpu-ns/key"]), num(r.m["client-cpu-ns/key"]), si(r.m["allocs/op"]), ratio(hv, r.m["keys/s"]))
 		}
 		fmt.Fprintln(w)
 	}
