@@ -280,6 +280,9 @@ func BenchmarkSync(b *testing.B) {
 		b.Run(fmt.Sprintf("impl=watch-multi-hincrby-slots/keys=%s", count(nkeys)), func(b *testing.B) {
 			benchSyncWatchSlots(b, nkeys)
 		})
+		b.Run(fmt.Sprintf("impl=script-slots/keys=%s", count(nkeys)), func(b *testing.B) {
+			benchSyncScriptSlots(b, nkeys)
+		})
 	}
 }
 
@@ -634,6 +637,91 @@ func benchSyncWatchSlots(b *testing.B, nkeys int) {
 						b.Error(err)
 						return
 					}
+				}
+			})
+		}
+		wg.Wait()
+		if b.Failed() {
+			b.FailNow()
+		}
+	}
+	runSyncShape(b, nkeys, run)
+}
+
+// slotPushScript is the count path of the Redis store's push script: the
+// marker checked and set, INCRBY per counter, PEXPIREAT on a new one.
+//
+//	KEYS: the marker, then the counters; ARGV: seq, marker TTL (ms), the
+//	counters' expiry (Unix ms), then per counter its delta
+var slotPushScript = redis.NewScript(`
+local seq = tonumber(ARGV[1])
+local dup = (tonumber(redis.call('GET', KEYS[1]) or '0') or 0) >= seq
+local out = {dup and 1 or 0}
+for i = 2, #KEYS do
+  if dup then
+    out[i] = tonumber(redis.call('GET', KEYS[i]) or '0')
+  else
+    local ds = ARGV[i + 2]
+    local v = redis.call('INCRBY', KEYS[i], ds)
+    if v == tonumber(ds) then redis.call('PEXPIREAT', KEYS[i], ARGV[3]) end
+    out[i] = v
+  end
+end
+if not dup then redis.call('SET', KEYS[1], seq, 'PX', ARGV[2]) end
+return out
+`)
+
+// benchSyncScriptSlots is the Redis store's Cluster push on one server:
+// one script call (EVAL, as the store sends it) per slot and cycle with a
+// counter key per key, the calls pipelined on 4 connections (by slot, as
+// the store's 4 lanes), no read round trip.
+func benchSyncScriptSlots(b *testing.B, nkeys int) {
+	c := syncClient(b)
+	prefix := redistest.Prefix(b)
+	const lanes = 4
+	counters := counterKeys(b, nkeys)
+	win := time.Now().UnixMilli() / 60000
+	expireAt := (win+2)*60000 + 60000
+	per := map[int][]int{}
+	for i, k := range keyNames(nkeys) {
+		s := store.Slot(k)
+		per[s] = append(per[s], i)
+	}
+	bylane := make([][]int, lanes)
+	for s := range per {
+		bylane[s%lanes] = append(bylane[s%lanes], s)
+	}
+	var seq int64
+	push := func(ctx context.Context, slots []int) error {
+		pipe := c.Pipeline()
+		cmds := make([]*redis.Cmd, len(slots))
+		for j, s := range slots {
+			keys := make([]string, 1+len(per[s]))
+			argv := make([]any, 3+len(per[s]))
+			keys[0] = prefix + ":m:{" + strconv.Itoa(s) + "}"
+			argv[0], argv[1], argv[2] = seq, 600000, expireAt
+			for k, i := range per[s] {
+				keys[1+k], argv[3+k] = counters[i], 1
+			}
+			cmds[j] = slotPushScript.Eval(ctx, pipe, keys, argv...)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return err
+		}
+		for _, cmd := range cmds {
+			if _, err := cmd.Slice(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	run := func(ctx context.Context) {
+		seq++
+		var wg sync.WaitGroup
+		for _, slots := range bylane {
+			wg.Go(func() {
+				if err := push(ctx, slots); err != nil {
+					b.Error(err)
 				}
 			})
 		}
