@@ -23,7 +23,11 @@ import (
 // keyBase returns "<prefix>:{<base64url(key)>}:", the part shared by every
 // counter of key.
 func keyBase(prefix, key string) []byte {
-	b := make([]byte, 0, len(prefix)+4+base64.RawURLEncoding.EncodedLen(len(key))+24)
+	return appendKeyBase(make([]byte, 0, len(prefix)+4+base64.RawURLEncoding.EncodedLen(len(key))+24), prefix, key)
+}
+
+// appendKeyBase appends "<prefix>:{<base64url(key)>}:" to b.
+func appendKeyBase(b []byte, prefix, key string) []byte {
 	b = append(b, prefix...)
 	b = append(b, ":{"...)
 	b = base64.RawURLEncoding.AppendEncode(b, []byte(key))
@@ -33,6 +37,11 @@ func keyBase(prefix, key string) []byte {
 // CounterKey returns the store key of counter c under prefix.
 func CounterKey(prefix string, c Counter) string {
 	return string(appendCounter(keyBase(prefix, c.Key), c))
+}
+
+// appendCounterKey appends the store key of counter c under prefix to b.
+func appendCounterKey(b []byte, prefix string, c Counter) []byte {
+	return appendCounter(appendKeyBase(b, prefix, c.Key), c)
 }
 
 // appendCounter appends the counter's part of its key to b.
