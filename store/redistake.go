@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
@@ -141,7 +143,6 @@ func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]stri
 	rules := reqs[0].Rules
 	logCap, longLog := int64(0), int64(0)
 	perReq := 0 // keys per request
-	size := 0   // bytes of a request's keys, beyond the user key's
 	for i := range rules {
 		r := &rules[i]
 		n := 1
@@ -155,7 +156,6 @@ func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]stri
 			n = int(span)
 		}
 		perReq += n
-		size += n * 48
 	}
 	nums := make([]int64, 0, 5+5*len(rules)+3*len(reqs))
 	nums = append(nums, int64(seq), ttl, reqs[0].Deadline, int64(len(reqs)), int64(len(rules)))
@@ -172,7 +172,11 @@ func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]stri
 		nums = append(nums, int64(kindCode(r.Kind())), r.Limit(), wus, param, longLog)
 	}
 	ends := make([]int, 0, perReq*len(reqs))
-	buf := make([]byte, 0, len(reqs)*(size+perReq*(len(reqs[0].Prefix)+2*len(reqs[0].Key))))
+	size := 0 // the keys' bytes: a base and at most 24 bytes of counter each
+	for _, q := range reqs {
+		size += perReq * (len(q.Prefix) + 4 + base64.RawURLEncoding.EncodedLen(len(q.Key)) + 24)
+	}
+	buf := make([]byte, 0, size)
 	for _, q := range reqs {
 		var flags int64
 		if q.Peek {
@@ -219,7 +223,7 @@ func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]stri
 			}
 		}
 	}
-	all := string(buf)
+	all := unsafe.String(unsafe.SliceData(buf), len(buf)) // buf is not written again
 	keys := make([]string, 1+len(ends))
 	keys[0] = marker
 	from := 0
