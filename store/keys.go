@@ -39,11 +39,6 @@ func CounterKey(prefix string, c Counter) string {
 	return string(appendCounter(keyBase(prefix, c.Key), c))
 }
 
-// appendCounterKey appends the store key of counter c under prefix to b.
-func appendCounterKey(b []byte, prefix string, c Counter) []byte {
-	return appendCounter(appendKeyBase(b, prefix, c.Key), c)
-}
-
 // appendCounter appends the counter's part of its key to b.
 func appendCounter(b []byte, c Counter) []byte {
 	if c.Rate > 0 {
