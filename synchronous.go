@@ -14,7 +14,12 @@ import (
 // The synchronous mode: every decision is a TakeRequest decided by the
 // store, atomically. Concurrent decisions share round trips: while a batch
 // is on its way, those that arrive queue up, and the first of them sends
-// them all next. At most maxInFlight batches are on their way at once.
+// them all next. At most maxInFlight batches are on their way at once, and
+// a second one leaves only once the queue holds as many decisions as the
+// one on its way (a lone decision beside a lone one): a batch's end hands
+// the queue on when no other batch is on its way, or when the queue is as
+// large as the other one. Under load a round trip then carries more
+// decisions, and a decision that finds no batch on its way leaves at once.
 //
 // A request the store did not decide (it failed, or its answer was lost)
 // is decided by the FailurePolicy on this node's table, whose increments
@@ -37,7 +42,8 @@ type synchronous struct {
 
 	mu       sync.Mutex
 	queue    []*call
-	inflight int
+	inflight int // batches on their way
+	flying   int // calls in the batches on their way
 	calls    atomic.Uint64
 }
 
@@ -115,7 +121,7 @@ func (s *synchronous) decide(ctx context.Context, t *tier, key string, n int64, 
 func (s *synchronous) do(c *call) {
 	s.mu.Lock()
 	s.queue = append(s.queue, c)
-	if s.inflight >= maxInFlight {
+	if s.inflight >= maxInFlight || s.inflight > 0 && len(s.queue) < s.flying {
 		s.mu.Unlock()
 		if !<-c.done {
 			return
@@ -137,6 +143,7 @@ func (s *synchronous) next() []*call {
 	copy(batch, s.queue)
 	clear(s.queue[len(s.queue)-k:])
 	s.queue = append(s.queue[:0], s.queue[k:]...)
+	s.flying += k
 	return batch
 }
 
@@ -174,7 +181,8 @@ func (s *synchronous) send(c *call, batch []*call) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.queue) == 0 {
+	s.flying -= len(batch)
+	if len(s.queue) == 0 || s.inflight > 1 && len(s.queue) < s.flying {
 		s.inflight--
 		return
 	}

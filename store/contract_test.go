@@ -208,6 +208,33 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 		take(t, s, p)
 		assert.Equal(t, int64(0), p.Counts[0].Cur, "nothing counted")
 	})
+	t.Run("TakeOneCallSeesItsOwnWrites", func(t *testing.T) {
+		// One call carries the same key several times, between other keys:
+		// each request is decided on the counts the earlier ones left,
+		// whatever the algorithm.
+		s, pfx := open(t)
+		specs := []local.Spec{
+			{Kind: local.Sliding, Limit: 3, Window: time.Minute},
+			{Kind: local.Fixed, Limit: 3, Window: time.Minute},
+			{Kind: local.Buckets, Limit: 3, Window: time.Minute, Buckets: 4},
+			{Kind: local.Log, Limit: 3, Window: time.Minute},
+			{Kind: local.GCRA, Limit: 1, Window: time.Minute, Burst: 3},
+			{Kind: local.Leaky, Limit: 1, Window: time.Minute, Burst: 3},
+		}
+		for _, spec := range specs {
+			rules := []local.Rule{local.NewRule(spec)} // shared: one call
+			var reqs []*store.TakeRequest
+			for i := range 5 {
+				reqs = append(reqs, newTake(pfx, fmt.Sprint("own", spec.Kind), future+30_000, 1, false, false, rules...))
+				reqs = append(reqs, newTake(pfx, fmt.Sprint("other", spec.Kind, i), future+30_000, 1, false, false, rules...))
+			}
+			take(t, s, reqs...)
+			for i, r := range reqs {
+				want := i%2 == 1 || i/2 < 3
+				assert.Equal(t, want, r.Allowed, "kind %v request %d (%q)", spec.Kind, i, r.Key)
+			}
+		}
+	})
 	t.Run("TakeFollowsLocalAdmits", func(t *testing.T) {
 		// The store's admission rule is local.Rule.Admits: random cases,
 		// including the boundaries of the floating-point comparison.

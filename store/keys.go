@@ -23,7 +23,11 @@ import (
 // keyBase returns "<prefix>:{<base64url(key)>}:", the part shared by every
 // counter of key.
 func keyBase(prefix, key string) []byte {
-	b := make([]byte, 0, len(prefix)+4+base64.RawURLEncoding.EncodedLen(len(key))+24)
+	return appendKeyBase(make([]byte, 0, len(prefix)+4+base64.RawURLEncoding.EncodedLen(len(key))+24), prefix, key)
+}
+
+// appendKeyBase appends "<prefix>:{<base64url(key)>}:" to b.
+func appendKeyBase(b []byte, prefix, key string) []byte {
 	b = append(b, prefix...)
 	b = append(b, ":{"...)
 	b = base64.RawURLEncoding.AppendEncode(b, []byte(key))

@@ -4,9 +4,12 @@ import (
 	"encoding/base64"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit/local"
 )
 
 // Keys are arbitrary bytes: no two keys share a counter, and every counter
@@ -67,4 +70,53 @@ func TestSlots(t *testing.T) {
 	}
 	mk := markerKey("hl", 'm', 42, "node")
 	assert.Equal(t, "hl:m:{"+slotTag(42)+"}:node", mk, "markers live under the prefix")
+}
+
+// The take script's keys are the counters' and logs' own keys (the async
+// mode pushes to the same ones), in the order the script reads them, for
+// every algorithm and for keys of any length, and its arguments are
+// numbers.
+func TestTakeArgsKeys(t *testing.T) {
+	rules := []local.Rule{
+		local.NewRule(local.Spec{Kind: local.Sliding, Limit: 3, Window: time.Minute}),
+		local.NewRule(local.Spec{Kind: local.Fixed, Limit: 3, Window: time.Second}),
+		local.NewRule(local.Spec{Kind: local.Buckets, Limit: 3, Window: time.Minute, Buckets: 3}),
+		local.NewRule(local.Spec{Kind: local.Log, Limit: 3, Window: time.Minute}),
+		local.NewRule(local.Spec{Kind: local.GCRA, Limit: 1, Window: time.Second, Burst: 3}),
+		local.NewRule(local.Spec{Kind: local.Leaky, Limit: 1, Window: time.Second, Burst: 2}),
+	}
+	var reqs []*TakeRequest
+	for i, k := range []string{"a", "{b}", strings.Repeat("long", 300), "ключ"} {
+		reqs = append(reqs, &TakeRequest{Prefix: "hl", Key: k, Rules: rules, Now: 1_700_000_000_123_456 + int64(i)*1_000_000, Cost: 1})
+	}
+	keys, argv := takeArgs("marker", 7, 60_000, reqs)
+	want := []string{"marker"}
+	for _, q := range reqs {
+		for i := range rules {
+			r := &rules[i]
+			w, span := r.Counter()
+			id := q.Now / w.Microseconds()
+			switch r.Kind() {
+			case local.Sliding:
+				want = append(want, CounterKey("hl", CounterOf(r, q.Key, id)), CounterKey("hl", CounterOf(r, q.Key, id-1)))
+			case local.Fixed:
+				want = append(want, CounterKey("hl", CounterOf(r, q.Key, id)))
+			case local.Buckets:
+				for j := range span {
+					want = append(want, CounterKey("hl", CounterOf(r, q.Key, id-span+1+j)))
+				}
+			case local.Log:
+				want = append(want, LogKey("hl", q.Key))
+			default:
+				want = append(want, CounterKey("hl", CounterOf(r, q.Key, 0)))
+			}
+		}
+	}
+	assert.Equal(t, want, keys)
+	require.Len(t, argv, 5+5*len(rules)+3*len(reqs))
+	for i, a := range argv {
+		_, ok := a.(*int64)
+		assert.True(t, ok, "argument %d is a %T", i, a)
+	}
+	assert.Equal(t, reqs[3].Now, *argv[len(argv)-1].(*int64))
 }

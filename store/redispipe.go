@@ -49,7 +49,7 @@ func (s *Redis) lanes(n int, lane func(i int) int, f func(items []int)) {
 // commands. With whole, every call carries the script's text (EVAL);
 // otherwise its hash (EVALSHA), and the calls that the server answers
 // NOSCRIPT go again with the text in a second pipeline.
-func (s *Redis) exec(ctx context.Context, script *redis.Script, whole bool, items []int, args func(i int) ([]string, []any)) []*redis.Cmd {
+func (s *Redis) exec(ctx context.Context, script luaScript, whole bool, items []int, args func(i int) ([]string, []any)) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(items))
 	keys := make([][]string, len(items))
 	argv := make([][]any, len(items))
@@ -57,9 +57,9 @@ func (s *Redis) exec(ctx context.Context, script *redis.Script, whole bool, item
 	for k, i := range items {
 		keys[k], argv[k] = args(i)
 		if whole {
-			cmds[k] = script.Eval(ctx, pipe, keys[k], argv[k]...)
+			cmds[k] = scriptCmd(ctx, pipe, "eval", script.src, keys[k], argv[k])
 		} else {
-			cmds[k] = script.EvalSha(ctx, pipe, keys[k], argv[k]...)
+			cmds[k] = scriptCmd(ctx, pipe, "evalsha", script.Hash(), keys[k], argv[k])
 		}
 	}
 	wait := s.wait(ctx, pipe)
@@ -76,7 +76,7 @@ func (s *Redis) exec(ctx context.Context, script *redis.Script, whole bool, item
 		pipe := s.c.Pipeline()
 		again := make([]*redis.Cmd, len(retry))
 		for j, k := range retry {
-			cmds[k] = script.Eval(ctx, pipe, keys[k], argv[k]...)
+			cmds[k] = scriptCmd(ctx, pipe, "eval", script.src, keys[k], argv[k])
 			again[j] = cmds[k]
 		}
 		wait := s.wait(ctx, pipe)
@@ -85,6 +85,25 @@ func (s *Redis) exec(ctx context.Context, script *redis.Script, whole bool, item
 		s.waited(wait, again)
 	}
 	return cmds
+}
+
+// scriptCmd queues on pipe the call of a script (name is "eval" with the
+// script's text as body, or "evalsha" with its hash) with keys and argv.
+// The keys go as pointers into keys, which box without allocating: a call
+// costs the same few allocations whatever its number of keys.
+func scriptCmd(ctx context.Context, pipe redis.Pipeliner, name, body string, keys []string, argv []any) *redis.Cmd {
+	args := make([]any, 3, 3+len(keys)+len(argv))
+	args[0], args[1], args[2] = name, body, len(keys)
+	for i := range keys {
+		args = append(args, &keys[i])
+	}
+	args = append(args, argv...)
+	cmd := redis.NewCmd(ctx, args...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = pipe.Process(ctx, cmd)
+	return cmd
 }
 
 // wait appends WAIT to pipe when RedisOptions.WaitReplicas is set.

@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
@@ -134,18 +136,29 @@ func kindCode(k local.Kind) int {
 }
 
 // takeArgs returns the take script's keys and arguments for reqs, which
-// share their rules.
+// share their rules. The keys are slices of one string and the arguments
+// pointers into one array of numbers: a call costs a few allocations,
+// however many requests it carries.
 func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]string, []any) {
 	rules := reqs[0].Rules
 	logCap, longLog := int64(0), int64(0)
+	perReq := 0 // keys per request
 	for i := range rules {
-		if rules[i].Kind() == local.Log {
-			logCap, longLog = max(logCap, rules[i].Limit()), max(longLog, rules[i].Window().Microseconds())
+		r := &rules[i]
+		n := 1
+		switch r.Kind() {
+		case local.Log:
+			logCap, longLog = max(logCap, r.Limit()), max(longLog, r.Window().Microseconds())
+		case local.Sliding:
+			n = 2
+		case local.Buckets:
+			_, span := r.Counter()
+			n = int(span)
 		}
+		perReq += n
 	}
-	keys := append(make([]string, 0, 1+3*len(rules)*len(reqs)), marker)
-	argv := make([]any, 0, 5+5*len(rules)+3*len(reqs))
-	argv = append(argv, seq, ttl, reqs[0].Deadline, len(reqs), len(rules))
+	nums := make([]int64, 0, 5+5*len(rules)+3*len(reqs))
+	nums = append(nums, int64(seq), ttl, reqs[0].Deadline, int64(len(reqs)), int64(len(rules)))
 	for i := range rules {
 		r := &rules[i]
 		w, span := r.Counter()
@@ -156,39 +169,71 @@ func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]stri
 		case local.GCRA, local.Leaky:
 			wus, param = r.Interval().Microseconds(), r.Burst()
 		}
-		argv = append(argv, kindCode(r.Kind()), r.Limit(), wus, param, longLog)
+		nums = append(nums, int64(kindCode(r.Kind())), r.Limit(), wus, param, longLog)
 	}
+	ends := make([]int, 0, perReq*len(reqs))
+	size := 0 // the keys' bytes: a base and at most 24 bytes of counter each
 	for _, q := range reqs {
-		flags := 0
+		size += perReq * (len(q.Prefix) + 4 + base64.RawURLEncoding.EncodedLen(len(q.Key)) + 24)
+	}
+	buf := make([]byte, 0, size)
+	for _, q := range reqs {
+		var flags int64
 		if q.Peek {
 			flags |= 1
 		}
 		if q.CountDenied {
 			flags |= 2
 		}
-		argv = append(argv, q.Cost, flags, q.Now)
+		nums = append(nums, q.Cost, flags, q.Now)
 		for i := range rules {
 			r := &rules[i]
+			// Every key of a rule begins with the user key's base: the
+			// first is built, the others copy it.
+			start := len(buf)
+			buf = appendKeyBase(buf, q.Prefix, q.Key)
+			base := len(buf)
+			key := func(c Counter) {
+				if len(buf) > base {
+					buf = append(buf, buf[start:base]...)
+				}
+				buf = appendCounter(buf, c)
+				ends = append(ends, len(buf))
+			}
 			switch r.Kind() {
 			case local.Log:
-				keys = append(keys, LogKey(q.Prefix, q.Key))
+				buf = append(buf, "log"...)
+				ends = append(ends, len(buf))
 			case local.GCRA, local.Leaky:
-				keys = append(keys, CounterKey(q.Prefix, CounterOf(r, q.Key, 0)))
+				key(CounterOf(r, q.Key, 0))
 			default:
 				w, span := r.Counter()
 				id := q.Now / w.Microseconds()
 				switch r.Kind() {
 				case local.Buckets:
 					for j := range span {
-						keys = append(keys, CounterKey(q.Prefix, CounterOf(r, q.Key, id-span+1+j)))
+						key(CounterOf(r, q.Key, id-span+1+j))
 					}
 				case local.Fixed:
-					keys = append(keys, CounterKey(q.Prefix, CounterOf(r, q.Key, id)))
+					key(CounterOf(r, q.Key, id))
 				default:
-					keys = append(keys, CounterKey(q.Prefix, CounterOf(r, q.Key, id)), CounterKey(q.Prefix, CounterOf(r, q.Key, id-1)))
+					key(CounterOf(r, q.Key, id))
+					key(CounterOf(r, q.Key, id-1))
 				}
 			}
 		}
+	}
+	all := unsafe.String(unsafe.SliceData(buf), len(buf)) // buf is not written again
+	keys := make([]string, 1+len(ends))
+	keys[0] = marker
+	from := 0
+	for j, e := range ends {
+		keys[1+j] = all[from:e]
+		from = e
+	}
+	argv := make([]any, len(nums))
+	for i := range nums {
+		argv[i] = &nums[i]
 	}
 	return keys, argv
 }

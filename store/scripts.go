@@ -6,6 +6,15 @@ import "github.com/redis/go-redis/v9"
 // redis.replicate_commands() so that Redis 3.2 to 4 replicate their effects
 // (the default since Redis 5), which reading TIME before writing needs.
 
+// luaScript is a script and its text, which a call sends when the server
+// does not know its hash.
+type luaScript struct {
+	*redis.Script
+	src string
+}
+
+func newScript(src string) luaScript { return luaScript{redis.NewScript(src), src} }
+
 // pushScript applies one Batch at most once.
 //
 //	KEYS: the node's push marker of the group, then one counter per op
@@ -18,7 +27,7 @@ import "github.com/redis/go-redis/v9"
 // (store.ExpireAt), computed from the window, span and id at the end of its
 // key. An arrival time (rate > 0) moves delta intervals past max(itself,
 // TIME) and expires a minute after it has passed.
-var pushScript = redis.NewScript(`
+var pushScript = newScript(`
 if redis.replicate_commands then redis.replicate_commands() end
 local seq = tonumber(ARGV[1])
 local m = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
@@ -80,7 +89,7 @@ return out
 //	       sliding: cur, prev; fixed: cur; buckets: the counts; log: the
 //	       count, the wait until the request fits, until the newest
 //	       leaves; gcra: the arrival time minus now
-var takeScript = redis.NewScript(`
+var takeScript = newScript(`
 if redis.replicate_commands then redis.replicate_commands() end
 local seq = tonumber(ARGV[1])
 local nreq, nrules = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -106,7 +115,34 @@ for i = 1, nrules do
   span[i], longlog[i] = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
   if kind[i] == 0 then nkeys[i] = 2 elseif kind[i] == 2 then nkeys[i] = span[i] else nkeys[i] = 1 end
 end
-local function num(key) return tonumber(redis.call('GET', key) or '0') or 0 end
+-- Every counter of the call (not the logs) is read by MGET at once, a
+-- command per 256 keys rather than per key, into got, which the call's
+-- writes keep current.
+local got = {}
+local function fetch(list, from, to)
+  for a = from, to, 256 do
+    local b = math.min(a + 255, to)
+    local v = redis.call('MGET', unpack(list, a, b))
+    for j = 1, b - a + 1 do got[list[a + j - 1]] = tonumber(v[j] or '0') or 0 end
+  end
+end
+local haslog = false
+for i = 1, nrules do if kind[i] == 3 then haslog = true end end
+if not haslog then
+  fetch(KEYS, 2, #KEYS)
+else
+  local list, kk = {}, 2
+  for _ = 1, nreq do
+    for i = 1, nrules do
+      if kind[i] ~= 3 then
+        for j = 0, nkeys[i] - 1 do list[#list + 1] = KEYS[kk + j] end
+      end
+      kk = kk + nkeys[i]
+    end
+  end
+  fetch(list, 1, #list)
+end
+local function num(key) return got[key] end
 local out = {status}
 local bits = {}
 local k = 2
@@ -166,6 +202,7 @@ for q = 0, nreq - 1 do
         local key, sp = KEYS[kk], 1
         if kd == 2 then key, sp = KEYS[kk + span[i] - 1], span[i] end
         local v = redis.call('INCRBY', key, cost)
+        got[key] = v
         if v == cost then
           local wms = w[i] / 1000
           redis.call('PEXPIREAT', key, (math.floor(now / w[i]) + 1 + sp) * wms + 60000)
@@ -186,6 +223,7 @@ for q = 0, nreq - 1 do
       else
         local tat = math.max(num(KEYS[kk]), now) + cost * w[i]
         redis.call('SET', KEYS[kk], tat, 'PX', math.floor((tat - now) / 1000) + 60000)
+        got[KEYS[kk]] = tat
         vals[i][1] = tat - now
       end
       kk = kk + nkeys[i]
