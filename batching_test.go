@@ -150,3 +150,49 @@ func TestSynchronousBurstSharesRoundTrips(t *testing.T) {
 	g.quiet(t, "every decision was decided")
 	assert.Equal(t, uint64(6), l.sync.calls.Load(), "28 decisions in 6 round trips")
 }
+
+// A queue longer than a batch leaves in several, none larger than
+// maxBatch, and every decision is answered, once.
+func TestSynchronousLongQueue(t *testing.T) {
+	l, g := newGated(t)
+	g.entered = make(chan int, 4*maxBatch)
+	var wg sync.WaitGroup
+	var allowed sync.Map
+	decide := func(from, n int) {
+		for i := range n {
+			wg.Go(func() {
+				res, err := l.Allow(context.Background(), fmt.Sprint("k", from+i))
+				assert.NoError(t, err)
+				assert.False(t, res.Degraded)
+				allowed.Store(from+i, res.Allowed)
+			})
+		}
+	}
+	decide(0, 2)
+	require.Equal(t, 1, g.enters(t))
+	require.Equal(t, 1, g.enters(t))
+	const n = 2*maxBatch + 100 // more than two batches wait
+	decide(2, n)
+	queued(t, l, n)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	g.release <- struct{}{} // a lone one ends: the queue's first batch leaves
+	require.Equal(t, maxBatch, g.enters(t))
+	g.release <- struct{}{} // the other lone one ends: the second batch
+	require.Equal(t, maxBatch, g.enters(t))
+	g.release <- struct{}{} // a batch ends; 100 wait beside a batch of 512
+	queued(t, l, 100)
+	g.quiet(t, "100 decisions queued beside a round trip of 512")
+	g.release <- struct{}{} // the other ends: the rest leaves
+	require.Equal(t, 100, g.enters(t))
+	g.release <- struct{}{}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("decisions left unanswered")
+	}
+	count := 0
+	allowed.Range(func(_, _ any) bool { count++; return true })
+	assert.Equal(t, n+2, count)
+	assert.Equal(t, uint64(n+2), l.Stats().Allowed+l.Stats().Denied)
+}

@@ -141,8 +141,12 @@ func (s *synchronous) next() []*call {
 	k := min(len(s.queue), maxBatch)
 	batch := make([]*call, k)
 	copy(batch, s.queue)
-	clear(s.queue[len(s.queue)-k:])
-	s.queue = append(s.queue[:0], s.queue[k:]...)
+	// Shift what stays first, then clear the tail it leaves: clearing the
+	// last k first would wipe the calls past the batch in a queue longer
+	// than one.
+	n := copy(s.queue, s.queue[k:])
+	clear(s.queue[n:])
+	s.queue = s.queue[:n]
 	s.flying += k
 	return batch
 }
