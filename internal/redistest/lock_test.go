@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,34 +19,53 @@ import (
 
 // TestHelperLock is not a test: run by TestLockWritersFirst in a child
 // process, it takes the topology lock as $REDISTEST_LOCK says (shared or
-// exclusive), holds it for $REDISTEST_HOLD, and prints when it got it and
+// exclusive), holds it for $REDISTEST_HOLD (a duration, or "stdin": until
+// its standard input is closed), and prints when it got it and
 // when it is about to let it go.
 func TestHelperLock(t *testing.T) {
 	mode := os.Getenv("REDISTEST_LOCK")
 	if mode == "" {
 		return
 	}
-	hold, err := time.ParseDuration(os.Getenv("REDISTEST_HOLD"))
-	if err != nil {
+	hold := os.Getenv("REDISTEST_HOLD")
+	d, err := time.ParseDuration(hold)
+	if err != nil && hold != "stdin" {
 		t.Fatal(err)
 	}
 	redistest.LockTopology(t, mode == "exclusive")
 	fmt.Printf("locked %d\n", time.Now().UnixNano())
 	t.Cleanup(func() { fmt.Printf("releasing %d\n", time.Now().UnixNano()) }) // runs before the unlock
-	time.Sleep(hold)
+	if hold == "stdin" {
+		_, _ = io.Copy(io.Discard, os.Stdin) // until the test closes it
+		return
+	}
+	time.Sleep(d)
 }
 
 // lockHolder is a child process holding the topology lock of a private
 // directory.
 type lockHolder struct {
 	cmd              *exec.Cmd
+	stdin            io.WriteCloser // closing it ends a hold of -1
 	locked, released chan time.Time
 }
 
+// holdLock starts a child process that takes the lock as mode says and
+// holds it for hold, or, with hold -1, until its stdin is closed.
 func holdLock(t *testing.T, dir, mode string, hold time.Duration) *lockHolder {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestHelperLock$", "-test.count=1")
-	cmd.Env = append(os.Environ(), redistest.EnvDir+"="+dir, "REDISTEST_LOCK="+mode, "REDISTEST_HOLD="+hold.String())
+	h := &lockHolder{cmd: cmd, locked: make(chan time.Time, 1), released: make(chan time.Time, 1)}
+	holdEnv := hold.String()
+	if hold < 0 {
+		holdEnv = "stdin"
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.stdin = in
+	}
+	cmd.Env = append(os.Environ(), redistest.EnvDir+"="+dir, "REDISTEST_LOCK="+mode, "REDISTEST_HOLD="+holdEnv)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +73,6 @@ func holdLock(t *testing.T, dir, mode string, hold time.Duration) *lockHolder {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	h := &lockHolder{cmd: cmd, locked: make(chan time.Time, 1), released: make(chan time.Time, 1)}
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -90,13 +109,15 @@ func (h *lockHolder) wait(t *testing.T, what string, c chan time.Time) time.Time
 // while a writer waits goes after the writer.
 func TestLockWritersFirst(t *testing.T) {
 	dir := t.TempDir()
-	r1 := holdLock(t, dir, "shared", 800*time.Millisecond)
+	r1 := holdLock(t, dir, "shared", -1) // until the test lets it go
 	r1Locked := r1.wait(t, "first reader locks", r1.locked)
 	r2 := holdLock(t, dir, "shared", 0)
 	r2Locked := r2.wait(t, "second reader locks beside the first", r2.locked)
 	w := holdLock(t, dir, "exclusive", 300*time.Millisecond)
 	waitGateHeld(t, dir) // w is waiting for r1, holding the gate
 	r3 := holdLock(t, dir, "shared", 0)
+	time.Sleep(200 * time.Millisecond) // r3 would get in now if it could
+	_ = r1.stdin.Close()
 
 	r1Released := r1.wait(t, "first reader releases", r1.released)
 	wLocked := w.wait(t, "writer locks", w.locked)
@@ -114,9 +135,7 @@ func TestLockWritersFirst(t *testing.T) {
 }
 
 // waitGateHeld waits until a writer holds the lock's gate: it keeps it
-// while it waits, and a reader holds it only for an instant. A fixed sleep
-// instead let a late reader in first when the writer's process started
-// slowly on a loaded machine.
+// while it waits, and a reader holds it only for an instant.
 func waitGateHeld(t *testing.T, dir string) {
 	t.Helper()
 	gate, err := os.OpenFile(filepath.Join(dir, "topology.gate"), os.O_RDWR|os.O_CREATE, 0o644)
