@@ -30,11 +30,11 @@ func TestBucketSumFollowsTheSlots(t *testing.T) {
 			if e == nil {
 				return
 			}
-			e.mu.Lock()
+			tb.mu(e).Lock()
 			got := tb.closedSum(e, 0).Load()
 			tb.resum(e, 0)
 			want := tb.closedSum(e, 0).Load()
-			e.mu.Unlock()
+			tb.mu(e).Unlock()
 			require.Equal(t, want, got, "step %d (syncing %v)", step, syncing)
 		}
 		for step := range 5000 {

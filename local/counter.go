@@ -82,9 +82,9 @@ type staleCount struct {
 }
 
 // stale returns rule i's stale increments of e, nil when there have never
-// been any. Call with e.mu held.
+// been any. Call with e's mutex held.
 func (t *Table) stale(e *Entry, i int) *staleCount {
-	if x := e.x.Load(); x != nil && x.stale != nil {
+	if x := t.ext(e); x != nil && x.stale != nil {
 		return &x.stale[i]
 	}
 	return nil
@@ -93,14 +93,14 @@ func (t *Table) stale(e *Entry, i int) *staleCount {
 // stash keeps d increments of window win of rule i of e, older than the
 // previous one, to be pushed by a later take. It returns the increments
 // discarded to make room: a counter keeps one such window, the most
-// recent. Call with e.mu held.
+// recent. Call with e's mutex held.
 func (t *Table) stash(e *Entry, i int, win, d int64) (dropped int64) {
 	if d == 0 {
 		return 0
 	}
 	s := t.stale(e, i)
 	if s == nil {
-		x := e.ext()
+		x := t.extend(e)
 		x.stale = make([]staleCount, len(t.rules))
 		s = &x.stale[i]
 	}
@@ -117,7 +117,7 @@ func (t *Table) stash(e *Entry, i int, win, d int64) (dropped int64) {
 }
 
 // unsynced returns the increments rule i of e holds in its sync state that
-// the store has not acknowledged. Call with e.mu held.
+// the store has not acknowledged. Call with e's mutex held.
 func (t *Table) unsynced(e *Entry, i int) int64 {
 	s := t.sync(e, i)
 	n := s.inflight + s.adj + s.prevPending + s.prevInflight
@@ -132,6 +132,7 @@ const (
 	flagDead   = 1 << iota // evicted: decisions must retry with a fresh entry
 	flagQueued             // in the table's touched queue
 	flagSealed             // taken by the final flush of Close
+	flagShared             // holds the share policy's states (Table.shareOf)
 )
 
 // Entry is one user key's state on this node: a counter per rule, the
@@ -139,19 +140,19 @@ const (
 // evictor. Its fields are unexported: the sync loop holds entries only as
 // handles between Table calls.
 //
-// Everything a decision of one rule reads or writes is in its 80 bytes:
-// the key (compared by the table's lookup), lastSeen, the flags and rule
-// 0's counter. The counters of rules 1… follow c0 in the same allocation,
-// then, in a table that syncs, the link of the table's touched queue and
-// one syncState per rule (see entryAlloc and Table.ctr, Table.sync,
-// Table.link): with one rule, 144 bytes. The rest, which only some rules need, is in
-// the extension x.
+// Everything a decision of one rule reads or writes is in its 64 bytes,
+// one cache line (the runtime's allocator places objects of 64 bytes at
+// multiples of 64): the key (compared by the table's lookup), lastSeen,
+// the flags and rule 0's counter. The counters of rules 1… follow c0 in
+// the same allocation, then, where the table's rules need it, the pointer
+// to the extension, and in a table that syncs, the link of the table's
+// touched queue and one syncState per rule (see entryAlloc and Entry.ctr,
+// Table.xOf, Table.link, Table.sync): with one rule, 64 bytes, or 120 in a
+// table that syncs. An entry's mutex is one of the table's (Table.mu).
 type Entry struct {
 	key      string
 	lastSeen atomic.Int64 // ns of the last decision
 	flags    atomic.Uint32
-	mu       sync.Mutex // rollovers, takes, acknowledgements, eviction, the log
-	x        atomic.Pointer[entryExt]
 	c0       counter
 }
 
@@ -213,11 +214,25 @@ func (e *Entry) seen(now int64) {
 	}
 }
 
-// waitRoll blocks until a rollover under way on the entry has finished.
-func (e *Entry) waitRoll() {
-	e.mu.Lock()
+// mu returns e's mutex, which guards rollovers, takes, acknowledgements,
+// eviction and the log of e: one of the table's, chosen by e's address
+// (entries are not moved), shared with the entries whose addresses select
+// the same. No code holds two entries' mutexes at once.
+func (t *Table) mu(e *Entry) *sync.Mutex {
+	return &t.locks[uintptr(unsafe.Pointer(e))/entryAlign%lockStripes]
+}
+
+// entryAlign is the alignment of entries of one rule in a table that does
+// not sync (their size), which Table.mu and Table.count divide addresses
+// by so that neighbours select different stripes.
+const entryAlign = unsafe.Sizeof(Entry{})
+
+// waitRoll blocks until a rollover under way on e has finished.
+func (t *Table) waitRoll(e *Entry) {
+	mu := t.mu(e)
+	mu.Lock()
 	//lint:ignore SA2001 an empty critical section is the point: it waits for the rollover.
-	e.mu.Unlock()
+	mu.Unlock()
 }
 
 // Sizes of the parts of an entry.
@@ -233,58 +248,91 @@ type entryC[C any] struct {
 	c C
 }
 
-// entryCS is an entry with the counters of rules 1…, the queue's link and
-// the sync states after it.
+// entryCX is an entry with the counters of rules 1… and the pointer to
+// its extension after it.
+type entryCX[C any] struct {
+	Entry
+	//lint:ignore U1000 read and written through offsets from c0 (Entry.ctr)
+	c C
+	x atomic.Pointer[entryExt]
+}
+
+// entryCS is an entry with the counters of rules 1…, the pointer to its
+// extension, the queue's link and the sync states after it.
 type entryCS[C, S any] struct {
 	Entry
 	//lint:ignore U1000 read and written through offsets from c0 (Entry.ctr)
 	c C
+	x atomic.Pointer[entryExt]
 	//lint:ignore U1000 read and written through offsets from c0 (Table.link)
 	q *Entry
 	s S
 }
 
-// entryS is an entry of one rule with the queue's link and its sync state
-// after it.
-type entryS struct {
-	Entry
-	//lint:ignore U1000 read and written through offsets from c0 (Table.link)
-	q *Entry
-	s syncState
+// offC0 returns the offset of p from e's c0.
+func offC0(e *Entry, p unsafe.Pointer) uintptr {
+	return uintptr(p) - uintptr(unsafe.Pointer(&e.c0))
+}
+
+// allocC returns the allocator of entryC[C].
+func allocC[C any]() func() *Entry {
+	return func() *Entry { return &new(entryC[C]).Entry }
+}
+
+// allocCX returns the allocator of entryCX[C] and the offset of its
+// extension pointer from c0.
+func allocCX[C any]() (func() *Entry, uintptr) {
+	var x entryCX[C]
+	return func() *Entry { return &new(entryCX[C]).Entry }, offC0(&x.Entry, unsafe.Pointer(&x.x))
+}
+
+// allocCS returns the allocator of entryCS[C, S] and the offsets of its
+// extension pointer and its first sync state from c0.
+func allocCS[C, S any]() (func() *Entry, uintptr, uintptr) {
+	var x entryCS[C, S]
+	return func() *Entry { return &new(entryCS[C, S]).Entry },
+		offC0(&x.Entry, unsafe.Pointer(&x.x)), offC0(&x.Entry, unsafe.Pointer(&x.s))
 }
 
 // entryAlloc returns the allocator of entries of n rules (1 to MaxRules),
-// with their queue link and sync states when syncing, and the offset of
-// the first sync state from c0. The link is the pointer right before it.
-func entryAlloc(n int, syncing bool) (alloc func() *Entry, syncOff uintptr) {
-	off := func(e *Entry, s unsafe.Pointer) uintptr { return uintptr(s) - uintptr(unsafe.Pointer(&e.c0)) }
+// with the pointer to their extension when ext (and always when syncing),
+// and their queue link and sync states when syncing; and the offsets of
+// the extension pointer (0 without one) and of the first sync state from
+// c0. The link is the pointer right before the sync states.
+func entryAlloc(n int, syncing, ext bool) (alloc func() *Entry, xOff, syncOff uintptr) {
 	switch {
+	case !syncing && !ext && n == 1:
+		return func() *Entry { return new(Entry) }, 0, 0
+	case !syncing && !ext && n == 2:
+		return allocC[[1]counter](), 0, 0
+	case !syncing && !ext && n <= 4:
+		return allocC[[3]counter](), 0, 0
+	case !syncing && !ext && n <= 8:
+		return allocC[[7]counter](), 0, 0
+	case !syncing && !ext:
+		return allocC[[MaxRules - 1]counter](), 0, 0
 	case !syncing && n == 1:
-		return func() *Entry { return new(Entry) }, 0
+		alloc, xOff = allocCX[[0]counter]()
 	case !syncing && n == 2:
-		return func() *Entry { return &new(entryC[[1]counter]).Entry }, 0
+		alloc, xOff = allocCX[[1]counter]()
 	case !syncing && n <= 4:
-		return func() *Entry { return &new(entryC[[3]counter]).Entry }, 0
+		alloc, xOff = allocCX[[3]counter]()
 	case !syncing && n <= 8:
-		return func() *Entry { return &new(entryC[[7]counter]).Entry }, 0
+		alloc, xOff = allocCX[[7]counter]()
 	case !syncing:
-		return func() *Entry { return &new(entryC[[MaxRules - 1]counter]).Entry }, 0
+		alloc, xOff = allocCX[[MaxRules - 1]counter]()
 	case n == 1:
-		x := new(entryS)
-		return func() *Entry { return &new(entryS).Entry }, off(&x.Entry, unsafe.Pointer(&x.s))
+		return allocCS[[0]counter, [1]syncState]()
 	case n == 2:
-		x := new(entryCS[[1]counter, [2]syncState])
-		return func() *Entry { return &new(entryCS[[1]counter, [2]syncState]).Entry }, off(&x.Entry, unsafe.Pointer(&x.s))
+		return allocCS[[1]counter, [2]syncState]()
 	case n <= 4:
-		x := new(entryCS[[3]counter, [4]syncState])
-		return func() *Entry { return &new(entryCS[[3]counter, [4]syncState]).Entry }, off(&x.Entry, unsafe.Pointer(&x.s))
+		return allocCS[[3]counter, [4]syncState]()
 	case n <= 8:
-		x := new(entryCS[[7]counter, [8]syncState])
-		return func() *Entry { return &new(entryCS[[7]counter, [8]syncState]).Entry }, off(&x.Entry, unsafe.Pointer(&x.s))
+		return allocCS[[7]counter, [8]syncState]()
 	default:
-		x := new(entryCS[[MaxRules - 1]counter, [MaxRules]syncState])
-		return func() *Entry { return &new(entryCS[[MaxRules - 1]counter, [MaxRules]syncState]).Entry }, off(&x.Entry, unsafe.Pointer(&x.s))
+		return allocCS[[MaxRules - 1]counter, [MaxRules]syncState]()
 	}
+	return alloc, xOff, 0
 }
 
 // ctr returns rule i's counter of e.
@@ -303,19 +351,35 @@ func (t *Table) link(e *Entry) **Entry {
 	return (**Entry)(unsafe.Add(unsafe.Pointer(&e.c0), t.syncOff-unsafe.Sizeof((*Entry)(nil))))
 }
 
-// ext returns e's extension, creating it (without hist) if missing. Call
-// with e.mu held.
-func (e *Entry) ext() *entryExt {
-	x := e.x.Load()
+// xOf returns the pointer to e's extension, in a table whose entries have
+// one (Table.xOff is not 0: a table that syncs, or has Buckets or Log
+// rules).
+func (t *Table) xOf(e *Entry) *atomic.Pointer[entryExt] {
+	return (*atomic.Pointer[entryExt])(unsafe.Add(unsafe.Pointer(&e.c0), t.xOff))
+}
+
+// ext returns e's extension, or nil when it has none (or cannot have one).
+func (t *Table) ext(e *Entry) *entryExt {
+	if t.xOff == 0 {
+		return nil
+	}
+	return t.xOf(e).Load()
+}
+
+// extend returns e's extension, creating it (without hist) if missing. Call
+// with e's mutex held, in a table whose entries have one.
+func (t *Table) extend(e *Entry) *entryExt {
+	p := t.xOf(e)
+	x := p.Load()
 	if x == nil {
 		x = new(entryExt)
-		e.x.Store(x)
+		p.Store(x)
 	}
 	return x
 }
 
 // hasUnsynced reports whether e holds increments the store has not
-// acknowledged. Call with e.mu held.
+// acknowledged. Call with e's mutex held.
 func (t *Table) hasUnsynced(e *Entry) bool {
 	for i := range t.rules {
 		if word(e.ctr(i).word.Load()).count() != 0 {

@@ -109,10 +109,10 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 	}
 	res.upto = len(t.rules)
 	if t.logs {
-		e.mu.Lock()
+		t.mu(e).Lock()
 		i, ok := t.logAdmits(e, n, now, &d)
 		if ok {
-			x := e.ext()
+			x := t.extend(e)
 			if x.log == nil {
 				x.log = newLogRing(t.logCap)
 			}
@@ -120,7 +120,7 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 			x.log.push(now, n)
 			res.log = true
 		}
-		e.mu.Unlock()
+		t.mu(e).Unlock()
 		if !ok {
 			t.refuse(e, i, &res, n, now)
 			return Decision{}, refused
@@ -165,7 +165,7 @@ func (d *Decision) fold(r *Rule, i int, c *Counts, n, shareRem int64) {
 
 // logAdmits checks every Log rule of e for a request of cost n at now,
 // folding their counts after the request into d. It returns the first
-// rule that denies. Call with e.mu held.
+// rule that denies. Call with e's mutex held.
 func (t *Table) logAdmits(e *Entry, n, now int64, d *Decision) (int, bool) {
 	for i := range t.rules {
 		r := &t.rules[i]
@@ -173,7 +173,7 @@ func (t *Table) logAdmits(e *Entry, n, now int64, d *Decision) (int, bool) {
 			continue
 		}
 		var c Counts
-		if x := e.x.Load(); x != nil && x.log != nil {
+		if x := t.xOf(e).Load(); x != nil && x.log != nil {
 			c = x.log.counts(r, now, n)
 		}
 		if !r.Admits(c, n) {
@@ -209,7 +209,7 @@ func (t *Table) reserveWord(e *Entry, i int, n, now int64, res *reserved, buf []
 	for {
 		w := word(c.word.Load())
 		if w.rolling() {
-			e.waitRoll()
+			t.waitRoll(e)
 			continue
 		}
 		win := c.win.Load()
@@ -298,7 +298,7 @@ func (t *Table) counts(e *Entry, i int, w word, win, el, now, n int64, buf []int
 func (t *Table) bucketCounts(e *Entry, i int, win, cur int64, buf []int64) []int64 {
 	r := &t.rules[i]
 	b := buf[:r.span]
-	h := e.x.Load().hist[t.histOff[i] : t.histOff[i]+int(r.span)]
+	h := t.xOf(e).Load().hist[t.histOff[i] : t.histOff[i]+int(r.span)]
 	for k := range r.span - 1 {
 		id := win - r.span + 1 + k
 		s := &h[id%r.span]

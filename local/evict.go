@@ -19,8 +19,8 @@ func (t *Table) Evict(now int64) int {
 }
 
 func (t *Table) tryEvict(e *Entry, seenBefore int64) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	t.mu(e).Lock()
+	defer t.mu(e).Unlock()
 	if (t.syncing && t.hasUnsynced(e)) || e.has(flagSealed) {
 		return false
 	}

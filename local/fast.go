@@ -11,21 +11,34 @@ import (
 
 // Allow1 is the common case of Allow alone, written out so that it
 // returns what a decision needs in registers: a table of one to four
-// Sliding, Fixed or Buckets rules without the share policy, a tracked key
-// found at its first slot, every counter in its window, admitted at the
-// first compare-and-swap of each (or one such rule under the share
-// policy). When rule is not negative, the request
-// was admitted and counted, and rule, the tightest rule, has remaining and
-// resetAfter (ns) after it. Otherwise nothing was counted: call Allow,
-// which decides from the start.
+// Sliding, Fixed or Buckets rules without the share policy (or one such
+// rule under the share policy), a tracked key, every counter in its
+// window, admitted at the first compare-and-swap of each. When rule is not
+// negative, the request was admitted and counted, and rule, the tightest
+// rule, has remaining and resetAfter (ns) after it. Otherwise nothing was
+// counted: call Allow, which decides from the start.
 func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfter int64) {
 	if t.fast == 0 || t.closed.Load() {
 		return -1, 0, 0
 	}
+	// find's first probe, written out; find goes on from the start.
 	h := t.hash(key)
-	sl := t.shardOf(h).tab.Load().e
-	e := sl[h&uint64(len(sl)-1)].Load()
-	if e == nil || e.key != key {
+	hd := t.headOf(h)
+	v := hd.ver.Load()
+	arr := hd.arr.Load()
+	var e *Entry
+	if hd.ver.Load() == v && v&verOdd == 0 {
+		s := slotAt(arr, h&uint64(uint32(v)))
+		if e = s.e.Load(); e == nil {
+			return -1, 0, 0
+		}
+		if !s.is(e, h, key) {
+			e = t.find(h, key)
+		}
+	} else {
+		e = t.find(h, key)
+	}
+	if e == nil {
 		return -1, 0, 0
 	}
 	if t.fast != 1 {

@@ -35,8 +35,8 @@ func (p *Push) Reads() bool { return p.kind != pushStale }
 // stay queued for the next cycle even without new decisions (it still
 // reads a previous window, or holds stale increments).
 func (t *Table) Take(e *Entry, now int64, dst []Push) ([]Push, bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	t.mu(e).Lock()
+	defer t.mu(e).Unlock()
 	return t.takeLocked(e, now, dst)
 }
 
@@ -78,8 +78,8 @@ func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 // Settle writes back what the store answered for pushes of e that it
 // applied at about now: totals[k] is the store's counter after pushes[k].
 func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	t.mu(e).Lock()
+	defer t.mu(e).Unlock()
 	if t.share && t.shareOf(e, 0) == nil && t.othersShown(e, pushes, totals) {
 		t.newShares(e)
 	}
@@ -111,7 +111,7 @@ func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 }
 
 // settleShares feeds every rule's sync to the share policy. Call with
-// e.mu held.
+// e's mutex held.
 func (t *Table) settleShares(e *Entry, now int64, pushes []Push, totals []int64) {
 	for k := range pushes {
 		p := &pushes[k]
@@ -129,9 +129,9 @@ func (t *Table) settleShares(e *Entry, now int64, pushes []Push, totals []int64)
 	}
 }
 
-// histSet sets the closed bucket id of rule i to n. Call with e.mu held.
+// histSet sets the closed bucket id of rule i to n. Call with e's mutex held.
 func (t *Table) histSet(e *Entry, i int, id, n int64) {
-	s := &e.x.Load().hist[t.histOff[i]+int(id%t.rules[i].span)]
+	s := &t.xOf(e).Load().hist[t.histOff[i]+int(id%t.rules[i].span)]
 	sum := t.closedSum(e, i)
 	if old := s.id.Load(); t.inWindow(e, i, old) {
 		sum.Add(-s.n.Load())
@@ -146,8 +146,8 @@ func (t *Table) histSet(e *Entry, i int, id, n int64) {
 // Release hands back to e the increments of pushes that the store did not
 // apply, to be pushed by a later take.
 func (t *Table) Release(e *Entry, pushes []Push) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	t.mu(e).Lock()
+	defer t.mu(e).Unlock()
 	dropped := int64(0)
 	for k := range pushes {
 		p := &pushes[k]
@@ -183,8 +183,8 @@ func (t *Table) Close() { t.closed.Store(true) }
 // or not (taken back: Closed), so the flush and the decisions agree
 // whichever take comes last.
 func (t *Table) TakeFinal(e *Entry, now int64, dst []Push) []Push {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	t.mu(e).Lock()
+	defer t.mu(e).Unlock()
 	dst, _ = t.takeLocked(e, now, dst)
 	e.set(flagSealed, true)
 	return dst
@@ -214,13 +214,13 @@ func (t *Table) Observe(key string, now int64, counts []Counts, allowed, record 
 	if e == nil {
 		return
 	}
-	e.mu.Lock()
+	t.mu(e).Lock()
 	if !e.has(flagSealed) {
 		for i := range t.rules {
 			t.observeLocked(e, i, now, &counts[i])
 		}
 	}
-	e.mu.Unlock()
+	t.mu(e).Unlock()
 	if record {
 		e.seen(now)
 		if allowed {
@@ -232,7 +232,7 @@ func (t *Table) Observe(key string, now int64, counts []Counts, allowed, record 
 }
 
 // observeLocked records the store's counts c of rule i at now. Call with
-// e.mu held.
+// e's mutex held.
 func (t *Table) observeLocked(e *Entry, i int, now int64, c *Counts) {
 	r, ct := &t.rules[i], e.ctr(i)
 	var s *syncState
@@ -242,7 +242,7 @@ func (t *Table) observeLocked(e *Entry, i int, now int64, c *Counts) {
 	switch r.kind {
 	case Log:
 		if s != nil {
-			x := e.ext()
+			x := t.extend(e)
 			if x.obs == nil {
 				x.obs = make([]observed, len(t.rules))
 			}
@@ -285,8 +285,8 @@ func (t *Table) observeLocked(e *Entry, i int, now int64, c *Counts) {
 // Unsynced returns the increments e holds that the store has not
 // acknowledged.
 func (t *Table) Unsynced(e *Entry) int64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	t.mu(e).Lock()
+	defer t.mu(e).Unlock()
 	n := int64(0)
 	for i := range t.rules {
 		n += word(e.ctr(i).word.Load()).count()

@@ -6,9 +6,9 @@ import "sync/atomic"
 // Buckets rules it leaves behind.
 
 // histAdd adds d to the closed bucket id of rule i, if it is kept. Call
-// with e.mu held.
+// with e's mutex held.
 func (t *Table) histAdd(e *Entry, i int, id, d int64) {
-	s := &e.x.Load().hist[t.histOff[i]+int(id%t.rules[i].span)]
+	s := &t.xOf(e).Load().hist[t.histOff[i]+int(id%t.rules[i].span)]
 	if s.id.Load() == id {
 		s.n.Add(d)
 		if t.inWindow(e, i, id) {
@@ -18,23 +18,23 @@ func (t *Table) histAdd(e *Entry, i int, id, d int64) {
 }
 
 // closedSum returns the running sum of rule i's closed buckets in its
-// counter's current window (Buckets). It changes under e.mu only.
+// counter's current window (Buckets). It changes under e's mutex only.
 func (t *Table) closedSum(e *Entry, i int) *atomic.Int64 {
-	return &e.x.Load().hist[t.histOff[i]+int(t.rules[i].span)].n
+	return &t.xOf(e).Load().hist[t.histOff[i]+int(t.rules[i].span)].n
 }
 
 // inWindow reports whether the closed bucket id of rule i is in its
-// counter's current window. Call with e.mu held.
+// counter's current window. Call with e's mutex held.
 func (t *Table) inWindow(e *Entry, i int, id int64) bool {
 	win := e.ctr(i).win.Load()
 	return win-t.rules[i].span < id && id < win
 }
 
 // resum recomputes rule i's running sum of closed buckets from its slots.
-// Call with e.mu held.
+// Call with e's mutex held.
 func (t *Table) resum(e *Entry, i int) {
 	r := &t.rules[i]
-	h := e.x.Load().hist[t.histOff[i] : t.histOff[i]+int(r.span)]
+	h := t.xOf(e).Load().hist[t.histOff[i] : t.histOff[i]+int(r.span)]
 	win := e.ctr(i).win.Load()
 	sum := int64(0)
 	for id := win - r.span + 1; id < win; id++ {
@@ -48,8 +48,8 @@ func (t *Table) resum(e *Entry, i int) {
 // roll moves rule i of e to window id if it is behind it, and reports
 // false, changing nothing, if e was sealed by the final flush.
 func (t *Table) roll(e *Entry, i int, id, now int64) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	t.mu(e).Lock()
+	defer t.mu(e).Unlock()
 	if e.has(flagSealed) {
 		return false
 	}
@@ -58,7 +58,7 @@ func (t *Table) roll(e *Entry, i int, id, now int64) bool {
 }
 
 // rollLocked moves rule i of e to window id if it is behind. Call with
-// e.mu held.
+// e's mutex held.
 func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 	c := e.ctr(i)
 	old := c.win.Load()
@@ -75,7 +75,7 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 	}
 	buckets := t.rules[i].kind == Buckets
 	if buckets {
-		s := &e.x.Load().hist[t.histOff[i]+int(old%t.rules[i].span)]
+		s := &t.xOf(e).Load().hist[t.histOff[i]+int(old%t.rules[i].span)]
 		s.id.Store(old)
 		s.n.Store(total)
 	}

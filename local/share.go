@@ -158,23 +158,21 @@ func (r *Rule) shareRoom(v snapValues, prev, cur, win, el int64) (room float64, 
 const shareStateSize = unsafe.Sizeof(shareState{})
 
 // shareOf returns rule i's share state of e, nil while e has none. It
-// takes no lock.
+// takes no lock. Until e has its states it reads only e's flags, in the
+// cache line a decision reads anyway, not the extension's pointer; the
+// flag is set after the states are stored (newShares).
 func (t *Table) shareOf(e *Entry, i int) *shareState {
-	x := e.x.Load()
-	if x == nil {
+	if e.flags.Load()&flagShared == 0 {
 		return nil
 	}
-	p := x.share.Load()
-	if p == nil {
-		return nil
-	}
+	p := t.xOf(e).Load().share.Load()
 	return (*shareState)(unsafe.Add(unsafe.Pointer(p), uintptr(i)*shareStateSize))
 }
 
 // othersShown reports whether the store's totals of pushes, which the
 // store applied, show increments of e's counters from other nodes: a
 // current window's total grew by more than this node pushed since it last
-// read it. Call with e.mu held, before Settle updates the counters.
+// read it. Call with e's mutex held, before Settle updates the counters.
 func (t *Table) othersShown(e *Entry, pushes []Push, totals []int64) bool {
 	for k := range pushes {
 		p := &pushes[k]
@@ -194,16 +192,17 @@ func (t *Table) othersShown(e *Entry, pushes []Push, totals []int64) bool {
 	return false
 }
 
-// newShares gives e its rules' share states. Call with e.mu held.
+// newShares gives e its rules' share states. Call with e's mutex held.
 func (t *Table) newShares(e *Entry) {
 	states := make([]shareState, len(t.rules))
-	e.ext().share.Store(&states[0])
+	t.extend(e).share.Store(&states[0])
+	e.set(flagShared, true) // after the store: a decision that sees the flag finds the states
 }
 
 // settleShare updates rule i's share statistics after a sync at now that
 // read the store's totals cur (window win) and, when prevRead, prev
 // (window win−1), having pushed ownCur and ownPrev; then it publishes the
-// snapshot decisions use. Call with e.mu held, once e has its share states.
+// snapshot decisions use. Call with e's mutex held, once e has its share states.
 func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead bool, ownCur, ownPrev int64) {
 	x := t.shareOf(e, i)
 	st := &x.st

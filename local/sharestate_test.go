@@ -23,10 +23,12 @@ func TestShareStateOnlyWhenShared(t *testing.T) {
 	takeSettle(tb, e, 5*w+3, 0)
 	takeSettle(tb, e, 5*w+4, 0) // a read
 	assert.Nil(t, tb.shareOf(e, 0), "only this node's increments: no state")
-	assert.Nil(t, e.x.Load(), "nor an extension")
+	assert.Nil(t, tb.ext(e), "nor an extension")
+	assert.False(t, e.has(flagShared), "nor the flag decisions read first")
 	require.True(t, allow(t, tb, "k", 1, 5*w+5))
 	takeSettle(tb, e, 5*w+6, 4) // the store's total grew by 4 more than pushed
 	require.NotNil(t, tb.shareOf(e, 0), "another node's increments: a state")
+	assert.True(t, e.has(flagShared))
 	st := tb.shareOf(e, 0).st
 	assert.Equal(t, int64(5), st.win, "its statistics start at that sync")
 	assert.Equal(t, int64(5), st.total, "its statistics start at that sync")

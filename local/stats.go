@@ -21,7 +21,7 @@ type decisionCount struct {
 
 // count returns the decision counters of e's stripe.
 func (t *Table) count(e *Entry) *decisionCount {
-	return &t.decisions[uintptr(unsafe.Pointer(e))>>4%countStripes]
+	return &t.decisions[uintptr(unsafe.Pointer(e))/entryAlign%countStripes]
 }
 
 // Stats is a snapshot of a table's counters.
@@ -48,11 +48,11 @@ func (t *Table) Stats() Stats {
 	t.rangeEntries(func(e *Entry) bool {
 		s.Keys++
 		if t.syncing {
-			e.mu.Lock()
+			t.mu(e).Lock()
 			for i := range t.rules {
 				s.Unsynced += word(e.ctr(i).word.Load()).count() + t.unsynced(e, i)
 			}
-			e.mu.Unlock()
+			t.mu(e).Unlock()
 		}
 		return true
 	})

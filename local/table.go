@@ -1,7 +1,6 @@
 package local
 
 import (
-	"math/bits"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -44,32 +43,57 @@ const (
 // minSlots is the number of slots of a shard's first slot array.
 const minSlots = 16
 
-// noSlots is every shard's slot array until its first key: one empty
-// slot, which makes the first creation grow it.
-var noSlots = &slots{e: make([]atomic.Pointer[Entry], 1), h: make([]uint32, 1)}
+// slot is one place of a shard's open-addressing table (linear probing):
+// empty (e nil, which ends a probe), a removed entry (e is tomb, skipped)
+// or an entry with its key's hash. A lookup compares the hashes before it
+// reads an entry, so that the entries of other keys in its probe stay out
+// of the cache. h is written before e, under the shard's mutex; a lookup
+// that reads a slot being filled may pass over it, and then finds the
+// entry under the mutex (Table.create).
+type slot struct {
+	h atomic.Uint64
+	e atomic.Pointer[Entry]
+}
 
-// shard is one part of the table's map: an open-addressing hash table of
-// entries with linear probing, read without locks, written under mu.
+const slotSize = unsafe.Sizeof(slot{})
+
+// head is what a lookup reads of a shard: its slot array's first slot and
+// the array's length − 1, published together. A lookup reads ver, then
+// arr, then ver again, and uses them only if ver did not change and is
+// even; a writer makes ver odd, stores arr, then stores the even ver that
+// carries the new mask. Heads are 16 bytes, four to a cache line, apart
+// from the shards' mutexes, so that the head of a random key's shard is
+// more often in the cache; a head is written only when its shard's slot
+// array is replaced.
+type head struct {
+	ver atomic.Uint64 // a version count in the high half, the mask in the low half
+	arr atomic.Pointer[slot]
+}
+
+// shard is one part of the table's map, written under mu; lookups read its
+// head (Table.heads) without locks.
 type shard struct {
 	mu   sync.Mutex
-	tab  atomic.Pointer[slots]
-	live int // entries in tab; guarded by mu
-	used int // slots not empty (entries and tombstones); guarded by mu
-	_    [32]byte
+	tab  []slot // the slot array its head publishes; guarded by mu
+	live int    // entries in tab; guarded by mu
+	used int    // slots not empty (entries and tombstones); guarded by mu
 }
 
-// slots is a shard's slot array, a power of two long, with at least one
-// empty slot. A slot holds nil (empty, ends a probe), tomb (a removed
-// entry, skipped) or an entry. A slot array replaced by a larger one is
-// never written again.
-type slots struct {
-	e []atomic.Pointer[Entry]
-	h []uint32 // the low half of each entry's hash, for grow; guarded by the shard's mutex
-}
+// noSlots is every shard's slot array until its first key: one empty
+// slot, which makes the first creation grow it. A slot array replaced by
+// a larger one is never written again.
+var noSlots = make([]slot, 1)
 
 // tomb marks a removed entry's slot. Its key is empty, which no user key
 // is, so lookups pass over it.
 var tomb = new(Entry)
+
+// lockStripes is the number of mutexes a table keeps for its entries: an
+// entry's mutex (Table.mu) is the one its address selects. An entry holds
+// none itself, so that a one-rule entry fits a cache line; no code holds
+// two entries' mutexes at once, and the table's locks are taken in the
+// order entry, then shard.
+const lockStripes = 1024
 
 // Table maps user keys to entries and makes every decision on them. It is
 // safe for concurrent use. Create one with NewTable.
@@ -82,11 +106,13 @@ type Table struct {
 	share       bool
 
 	seed   uintptr // the hash's seed
-	shift  uint    // 64 − log2(len(shards))
+	smask  uint64  // len(shards) − 1
+	heads  []head  // per shard, what lookups read
 	shards []shard
 
 	alloc   func() *Entry // newEntry for this table's rules
 	syncOff uintptr       // offset of an entry's sync states from its c0
+	xOff    uintptr       // offset of an entry's extension pointer from its c0; 0 when it has none
 
 	maxKeys int64
 	keys    atomic.Int64 // entries in the maps plus insertions under way
@@ -118,6 +144,8 @@ type Table struct {
 	evicted   atomic.Uint64
 	dropped   atomic.Uint64
 	decisions [countStripes]decisionCount
+
+	locks [lockStripes]sync.Mutex // the entries' mutexes (Table.mu)
 }
 
 // NewTable returns an empty table for o.
@@ -178,12 +206,14 @@ func NewTable(o Options) *Table {
 	for n < maxShards && int64(n)*shardKeys < t.maxKeys {
 		n *= 2
 	}
-	t.shift = uint(64 - bits.TrailingZeros(uint(n)))
+	t.smask = uint64(n - 1)
+	t.heads = make([]head, n)
 	t.shards = make([]shard, n)
 	for i := range t.shards {
-		t.shards[i].tab.Store(noSlots)
+		t.shards[i].tab = noSlots
+		t.heads[i].arr.Store(&noSlots[0])
 	}
-	t.alloc, t.syncOff = entryAlloc(len(t.rules), t.syncing)
+	t.alloc, t.xOff, t.syncOff = entryAlloc(len(t.rules), t.syncing, t.syncing || t.hist > 0 || t.logs)
 	return t
 }
 
@@ -207,29 +237,106 @@ func hashString(s string, seed uintptr) uint64 {
 //go:linkname runtimeMemhash runtime.memhash
 func runtimeMemhash(p unsafe.Pointer, h, s uintptr) uintptr
 
-// shardOf returns the shard of hash h: its high bits (the slot index
-// uses the low ones).
-func (t *Table) shardOf(h uint64) *shard {
-	return &t.shards[h>>t.shift] // 0 when shift is 64
+// shardBits is where a hash's bits that select its shard start; the
+// slot index in the shard uses its low bits.
+const shardBits = 40
+
+// shardOf returns the index of the shard of hash h.
+func (t *Table) shardOf(h uint64) uint64 {
+	return h >> shardBits & t.smask
+}
+
+// headOf returns the head of the shard of hash h.
+func (t *Table) headOf(h uint64) *head {
+	// &t.heads[t.shardOf(h)] without the bounds check: smask keeps the
+	// index in range.
+	return (*head)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(t.heads)), t.shardOf(h)*uint64(unsafe.Sizeof(head{}))))
+}
+
+// slotAt returns slot i of the slot array that starts at arr, i not above
+// its mask.
+func slotAt(arr *slot, i uint64) *slot {
+	return (*slot)(unsafe.Add(unsafe.Pointer(arr), i*uint64(slotSize)))
+}
+
+// is reports whether e is the entry of key, of hash h, which slot s holds
+// with its hash: the hashes first, then the keys, whose bytes it does not
+// read when both are the same string (the caller's, kept by the entry).
+func (s *slot) is(e *Entry, h uint64, key string) bool {
+	return s.h.Load() == h && len(e.key) == len(key) &&
+		(unsafe.StringData(e.key) == unsafe.StringData(key) || e.key == key)
+}
+
+// find returns the entry of key, of hash h, if any. It takes no lock
+// unless its shard's slot array is being replaced. It finds every entry
+// published before it started.
+func (t *Table) find(h uint64, key string) *Entry {
+	hd := t.headOf(h)
+	v := hd.ver.Load()
+	arr := hd.arr.Load()
+	if hd.ver.Load() != v || v&verOdd != 0 {
+		return t.findLocked(t.shardOf(h), h, key) // a writer is replacing the array
+	}
+	m := uint64(uint32(v))
+	for i := h; ; i++ {
+		s := slotAt(arr, i&m)
+		x := s.e.Load()
+		if x == nil {
+			return nil
+		}
+		if s.is(x, h, key) {
+			return x
+		}
+	}
+}
+
+// findLocked is find in shard i's slot array as its mutex orders it, once
+// the writer that holds it is done.
+func (t *Table) findLocked(i, h uint64, key string) *Entry {
+	s := &t.shards[i]
+	s.mu.Lock()
+	tab := s.tab
+	s.mu.Unlock()
+	m := uint64(len(tab) - 1)
+	for i := h; ; i++ {
+		x := tab[i&m].e.Load()
+		if x == nil {
+			return nil
+		}
+		if tab[i&m].is(x, h, key) {
+			return x
+		}
+	}
+}
+
+// The head's version word: the mask in the low half, and a count in the
+// high half whose lowest bit is set while a writer replaces the array.
+const (
+	verMask = 1<<32 - 1
+	verOdd  = 1 << 32
+)
+
+// publish makes tab s's slot array, for the lookups of shard i. Call with
+// s.mu held.
+func (t *Table) publish(i uint64, s *shard, tab []slot) {
+	hd := &t.heads[i]
+	v := hd.ver.Load()&^verMask + verOdd
+	hd.ver.Store(v)
+	s.tab = tab
+	hd.arr.Store(&tab[0])
+	hd.ver.Store(v + verOdd | uint64(len(tab)-1))
 }
 
 // load returns the entry of key, of hash h, if any. It takes no lock.
 func (t *Table) load(h uint64, key string) *Entry {
-	e := t.shardOf(h).tab.Load().e
-	m := uint64(len(e) - 1)
-	for i := h; ; i++ {
-		x := e[i&m].Load()
-		if x == nil || x.key == key {
-			return x
-		}
-	}
+	return t.find(h, key)
 }
 
 // loadOrCreate returns the entry of key, of hash h, creating it with its
 // counters in the windows of now. It returns nil when the key is missing
 // and the table holds MaxKeys entries, or after Close.
 func (t *Table) loadOrCreate(h uint64, key string, now int64) *Entry {
-	if e := t.load(h, key); e != nil {
+	if e := t.find(h, key); e != nil {
 		return e
 	}
 	return t.create(h, key, now)
@@ -243,15 +350,15 @@ func (t *Table) create(h uint64, key string, now int64) *Entry {
 	if t.keys.Load() < t.maxKeys {
 		x = t.scratch(key, now)
 	}
-	s := t.shardOf(h)
+	si := t.shardOf(h)
+	s := &t.shards[si]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	tab := s.tab.Load()
-	e := tab.e
-	m := uint64(len(e) - 1)
+	tab := s.tab
+	m := uint64(len(tab) - 1)
 	free, empty := -1, false // the slot to fill; whether it is empty (not a tombstone)
 	for i := h; ; i++ {
-		y := e[i&m].Load()
+		y := tab[i&m].e.Load()
 		if y == nil {
 			if free < 0 {
 				free, empty = int(i&m), true
@@ -264,7 +371,7 @@ func (t *Table) create(h uint64, key string, now int64) *Entry {
 			}
 			continue
 		}
-		if y.key == key {
+		if tab[i&m].is(y, h, key) {
 			return y
 		}
 	}
@@ -284,58 +391,57 @@ func (t *Table) create(h uint64, key string, now int64) *Entry {
 	if empty {
 		s.used++
 	}
-	if s.used > len(e)/4*3 {
-		s.grow(x, h)
+	if s.used > len(tab)/4*3 {
+		t.publish(si, s, s.grown(x, h))
 		return x
 	}
-	tab.h[free] = uint32(h)
-	e[free].Store(x)
+	tab[free].h.Store(h)
+	tab[free].e.Store(x)
 	return x
 }
 
-// grow replaces s's slots by an array at most half full after adding x,
-// of hash h, and publishes them with x in. It reads the old array's
-// hashes, not its entries. Call with s.mu held.
-func (s *shard) grow(x *Entry, h uint64) {
+// grown returns a copy of s's slots, without tombstones, at most half full
+// after adding x, of hash h, with x in. It reads the old array's hashes,
+// not its entries. Call with s.mu held.
+func (s *shard) grown(x *Entry, h uint64) []slot {
 	n := minSlots
 	for n < 2*s.live {
 		n *= 2
 	}
-	nu := &slots{e: make([]atomic.Pointer[Entry], n), h: make([]uint32, n)}
-	m := uint32(n - 1)
-	put := func(e *Entry, h uint32) {
+	nu := make([]slot, n)
+	m := uint64(n - 1)
+	put := func(e *Entry, h uint64) {
 		for i := h; ; i++ {
-			if nu.e[i&m].Load() == nil {
-				nu.h[i&m] = h
-				nu.e[i&m].Store(e)
+			if nu[i&m].e.Load() == nil {
+				nu[i&m].h.Store(h)
+				nu[i&m].e.Store(e)
 				return
 			}
 		}
 	}
-	old := s.tab.Load()
-	for i := range old.e {
-		if e := old.e[i].Load(); e != nil && e != tomb {
-			put(e, old.h[i])
+	for i := range s.tab {
+		if e := s.tab[i].e.Load(); e != nil && e != tomb {
+			put(e, s.tab[i].h.Load())
 		}
 	}
-	put(x, uint32(h))
+	put(x, h)
 	s.used = s.live
-	s.tab.Store(nu)
+	return nu
 }
 
 // remove takes e, of hash h, out of its shard, if it is there.
 func (t *Table) remove(h uint64, e *Entry) bool {
-	s := t.shardOf(h)
+	s := &t.shards[t.shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sl := s.tab.Load().e
-	m := uint64(len(sl) - 1)
+	tab := s.tab
+	m := uint64(len(tab) - 1)
 	for i := h; ; i++ {
-		switch x := sl[i&m].Load(); x {
+		switch x := tab[i&m].e.Load(); x {
 		case nil:
 			return false
 		case e:
-			sl[i&m].Store(tomb)
+			tab[i&m].e.Store(tomb)
 			s.live--
 			return true
 		}
@@ -348,7 +454,7 @@ func (t *Table) scratch(key string, now int64) *Entry {
 	e := t.alloc()
 	e.key = key
 	if t.hist > 0 {
-		e.x.Store(&entryExt{hist: make([]histSlot, t.hist)})
+		t.xOf(e).Store(&entryExt{hist: make([]histSlot, t.hist)})
 	}
 	for i := range t.rules {
 		if t.rules[i].counted() {
@@ -369,10 +475,10 @@ func (t *Table) rangeEntries(f func(e *Entry) bool) {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock() // orders the creations before it
-		sl := s.tab.Load().e
+		tab := s.tab
 		s.mu.Unlock()
-		for j := range sl {
-			if e := sl[j].Load(); e != nil && e != tomb && !f(e) {
+		for j := range tab {
+			if e := tab[j].e.Load(); e != nil && e != tomb && !f(e) {
 				return
 			}
 		}

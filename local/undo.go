@@ -43,9 +43,9 @@ func (t *Table) firstLog() int {
 
 // logCharge logs n at now unconditionally (CountDenied).
 func (t *Table) logCharge(e *Entry, n, now int64) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	x := e.ext()
+	t.mu(e).Lock()
+	defer t.mu(e).Unlock()
+	x := t.extend(e)
 	if x.log == nil {
 		x.log = newLogRing(t.logCap)
 	}
@@ -72,7 +72,7 @@ func (t *Table) charge(e *Entry, i int, n, now int64) {
 		w := word(c.word.Load())
 		switch {
 		case w.rolling():
-			e.waitRoll()
+			t.waitRoll(e)
 		case r.counted() && c.win.Load() < id:
 			if !t.roll(e, i, id, now) {
 				return
@@ -95,9 +95,9 @@ func (t *Table) undoAll(e *Entry, res *reserved, n, now int64) {
 		}
 	}
 	if res.log {
-		e.mu.Lock()
-		e.x.Load().log.remove(now, n)
-		e.mu.Unlock()
+		t.mu(e).Lock()
+		t.xOf(e).Load().log.remove(now, n)
+		t.mu(e).Unlock()
 	}
 }
 
@@ -111,7 +111,7 @@ func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
 	for {
 		cur := word(c.word.Load())
 		if cur.rolling() {
-			e.waitRoll()
+			t.waitRoll(e)
 			continue
 		}
 		if cur.gen() != w.gen() {
@@ -121,8 +121,8 @@ func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
 			return
 		}
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	t.mu(e).Lock()
+	defer t.mu(e).Unlock()
 	switch c.win.Load() {
 	case win: // taken by the sync loop (only it moves the word in a window): push −n next
 		if t.syncing {
@@ -147,7 +147,7 @@ func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
 // waits for the final flush to end.
 func (t *Table) closedAfterCommit(e *Entry, res *reserved, n, now int64) bool {
 	<-t.flushed
-	e.mu.Lock()
+	t.mu(e).Lock()
 	if e.has(flagSealed) {
 		// The final take took every counter at once and no rollover can
 		// follow it: either every generation moved or none did.
@@ -156,13 +156,13 @@ func (t *Table) closedAfterCommit(e *Entry, res *reserved, n, now int64) bool {
 				continue
 			}
 			if word(e.ctr(i).word.Load()).gen() != res.words[i].gen() {
-				e.mu.Unlock()
+				t.mu(e).Unlock()
 				return false
 			}
 			break
 		}
 	}
-	e.mu.Unlock()
+	t.mu(e).Unlock()
 	t.undoAll(e, res, n, now)
 	return true
 }

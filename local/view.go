@@ -12,7 +12,7 @@ func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
 	for {
 		w := word(c.word.Load())
 		if w.rolling() {
-			e.waitRoll()
+			t.waitRoll(e)
 			continue
 		}
 		win := c.win.Load()
@@ -132,9 +132,9 @@ func (t *Table) view(e *Entry, i int, now, n int64) Counts {
 	r, c := &t.rules[i], e.ctr(i)
 	switch r.kind {
 	case Log:
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		x := e.x.Load()
+		t.mu(e).Lock()
+		defer t.mu(e).Unlock()
+		x := t.ext(e)
 		if x != nil && x.obs != nil && x.obs[i].at != 0 {
 			// The synchronous mode: the store keeps the log; what its last
 			// decision saw, aged.

@@ -16,6 +16,16 @@
 #   bash scripts/instructions.sh 'Floor$' ...     # others (-test.bench patterns)
 #   BIN=/tmp/old.test bash scripts/instructions.sh  # a test binary built elsewhere (go test -c)
 #   N1=100000 N2=300000 R=5 bash scripts/instructions.sh
+#   CACHE=1 bash scripts/instructions.sh ...      # also L1 data-cache misses per operation
+#   CACHE=1 PKG=bench bash scripts/instructions.sh \
+#     '^BenchmarkLocal$/^impl=hybridlimit-local$/^keys=100k$/^rules=1$/^procs=1$'
+#                                                 # a cold key: 100k keys, bench/'s Local family
+#
+# With CACHE=1, callgrind simulates the caches (--cache-sim=yes, the
+# host's L1 geometry) and the script prints, besides instructions, the L1
+# data misses (reads + writes) of one operation, computed the same way;
+# each column is the least of the R runs. PKG names the package to build
+# (default: the root; bench is the nested module of the peers).
 #
 # It installs valgrind from Debian's packages when missing. Go under
 # valgrind needs GODEBUG=cpu.rdtscp=off,asyncpreemptoff=1 (set here).
@@ -26,6 +36,8 @@ cd "$(dirname "$0")/.."
 N1=${N1:-200000}
 N2=${N2:-400000}
 R=${R:-3}
+CACHE=${CACHE:-}
+PKG=${PKG:-.}
 
 if ! command -v valgrind >/dev/null 2>&1; then
   SUDO=""
@@ -37,7 +49,7 @@ fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/hybridlimit-instr.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 if [ -z "${BIN:-}" ]; then
-  go test -c -o "$tmp/hybridlimit.test" .
+  (cd "$PKG" && go test -c -o "$tmp/hybridlimit.test" .)
   BIN=$tmp/hybridlimit.test
 fi
 
@@ -54,24 +66,35 @@ if [ ${#benches[@]} -eq 0 ]; then
 fi
 
 # count1 BENCH N prints the instructions callgrind collected for the whole
-# run of the test binary.
+# run of the test binary and, with CACHE, the L1 data misses.
 count1() {
-  GODEBUG=cpu.rdtscp=off,asyncpreemptoff=1 valgrind --tool=callgrind \
+  local sim=()
+  [ -n "$CACHE" ] && sim=(--cache-sim=yes)
+  GODEBUG=cpu.rdtscp=off,asyncpreemptoff=1 valgrind --tool=callgrind "${sim[@]}" \
     --callgrind-out-file="$tmp/out.$$.$RANDOM" \
     "$BIN" -test.run '^$' -test.bench "$1" -test.cpu 1 -test.benchtime "$2x" \
     2>"$tmp/err" >/dev/null || { cat "$tmp/err" >&2; return 1; }
-  sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$tmp/err"
+  # Events: Ir [Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw]
+  sed -n 's/.*Collected : \([0-9 ]*\).*/\1/p' "$tmp/err" | awk '{ print $1, $5 + $6 }'
 }
 
-# count BENCH N prints the least count of R runs.
+# count BENCH N prints the least count of R runs, per column.
 count() {
-  for _ in $(seq "$R"); do count1 "$1" "$2"; done | sort -n | head -1
+  for _ in $(seq "$R"); do count1 "$1" "$2"; done |
+    awk 'NR == 1 || $1 < i { i = $1 } NR == 1 || $2 < d { d = $2 } END { print i, d }'
 }
 
-printf '%-40s %14s\n' benchmark instructions/op
+if [ -n "$CACHE" ]; then
+  printf '%-40s %14s %14s\n' benchmark instructions/op L1-misses/op
+else
+  printf '%-40s %14s\n' benchmark instructions/op
+fi
 for b in "${benches[@]}"; do
-  i1=$(count "$b" "$N1")
-  i2=$(count "$b" "$N2")
-  awk -v b="$b" -v i1="$i1" -v i2="$i2" -v n1="$N1" -v n2="$N2" \
-    'BEGIN { printf "%-40s %14.1f\n", b, (i2 - i1) / (n2 - n1) }'
+  read -r i1 d1 <<<"$(count "$b" "$N1")"
+  read -r i2 d2 <<<"$(count "$b" "$N2")"
+  awk -v b="$b" -v i1="$i1" -v i2="$i2" -v d1="$d1" -v d2="$d2" -v n1="$N1" -v n2="$N2" -v cache="$CACHE" \
+    'BEGIN {
+      if (cache != "") printf "%-40s %14.1f %14.2f\n", b, (i2 - i1) / (n2 - n1), (d2 - d1) / (n2 - n1)
+      else printf "%-40s %14.1f\n", b, (i2 - i1) / (n2 - n1)
+    }'
 done
