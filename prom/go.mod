@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261123144525-132b58fb2fbd
+	github.com/hybridlimit/hybridlimit v0.0.0-20261123145506-b0ae27427522
 	github.com/stretchr/testify v1.12.1
 )
 
