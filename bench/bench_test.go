@@ -493,17 +493,20 @@ func benchSyncWatchHash(b *testing.B, nkeys int, watch bool) {
 		seqs[g]++
 		seq := seqs[g]
 		var incr []*redis.IntCmd
+		// apply queues the group's increments, its hashes' expiry and its
+		// marker.
+		apply := func(pipe redis.Pipeliner) error {
+			for _, i := range per[g] {
+				incr = append(incr, pipe.HIncrBy(ctx, hashes[shard[i]], keys[i], 1))
+			}
+			for h := g; h < shards; h += groups {
+				pipe.PExpireAt(ctx, hashes[h], expireAt)
+			}
+			pipe.Set(ctx, markers[g], seq, time.Minute)
+			return nil
+		}
 		if !watch {
-			_, err := c.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-				for _, i := range per[g] {
-					incr = append(incr, pipe.HIncrBy(ctx, hashes[shard[i]], keys[i], 1))
-				}
-				for h := g; h < shards; h += groups {
-					pipe.PExpireAt(ctx, hashes[h], expireAt)
-				}
-				pipe.Set(ctx, markers[g], seq, time.Minute)
-				return nil
-			})
+			_, err := c.TxPipelined(ctx, apply)
 			if err != nil {
 				b.Error(err)
 			}
@@ -522,14 +525,7 @@ func benchSyncWatchHash(b *testing.B, nkeys int, watch bool) {
 					}
 					return nil
 				}
-				for _, i := range per[g] {
-					incr = append(incr, pipe.HIncrBy(ctx, hashes[shard[i]], keys[i], 1))
-				}
-				for h := g; h < shards; h += groups {
-					pipe.PExpireAt(ctx, hashes[h], expireAt)
-				}
-				pipe.Set(ctx, markers[g], seq, time.Minute)
-				return nil
+				return apply(pipe)
 			})
 			return err
 		}, markers[g])
