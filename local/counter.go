@@ -61,16 +61,16 @@ type counter struct {
 }
 
 // syncState is one counter's bookkeeping with the sync loop, in tables
-// that sync (40 bytes). It is guarded by the entry's mutex. Between
+// that sync (32 bytes; whether the sync loop still reads the previous
+// window is the entry's flag flagReadPrev<<i). It is guarded by the entry's mutex. Between
 // settles, base − inflight − adj is the store's total of window win as
 // last read (0 before the first read in the window), which the share
 // policy uses (see Table.othersShown).
 type syncState struct {
-	inflight      int64 // increments of win taken, not acknowledged
-	adj           int64 // signed increments of win to add to the next take
-	prevPending   int64 // increments of win-1 not taken yet
-	prevInflight  int64 // increments of win-1 taken, not acknowledged
-	prevReadUntil int64 // keep reading win-1 from the store until this instant (ns)
+	inflight     int64 // increments of win taken, not acknowledged
+	adj          int64 // signed increments of win to add to the next take
+	prevPending  int64 // increments of win-1 not taken yet
+	prevInflight int64 // increments of win-1 taken, not acknowledged
 }
 
 // staleCount is a counter's increments of a window older than the
@@ -133,7 +133,15 @@ const (
 	flagQueued             // in the table's touched queue
 	flagSealed             // taken by the final flush of Close
 	flagShared             // holds the share policy's states (Table.shareOf)
+
+	// flagReadPrev<<i: rule i rolled over into the window after its last
+	// one and the sync loop still reads the store's total of the window
+	// before (Table.readsPrev). Bits 16 to 31, one per rule.
+	flagReadPrev = 1 << 16
 )
+
+// The flags hold one flagReadPrev bit per rule.
+var _ [32 - 16 - MaxRules]struct{}
 
 // Entry is one user key's state on this node: a counter per rule, the
 // time of the last decision, and bookkeeping for the sync loop and the
@@ -147,7 +155,7 @@ const (
 // the same allocation, then, where the table's rules need it, the pointer
 // to the extension, and in a table that syncs, the link of the table's
 // touched queue and one syncState per rule (see entryAlloc and Entry.ctr,
-// Table.xOf, Table.link, Table.sync): with one rule, 64 bytes, or 120 in a
+// Table.xOf, Table.link, Table.sync): with one rule, 64 bytes, or 112 in a
 // table that syncs. An entry's mutex is one of the table's (Table.mu).
 type Entry struct {
 	key      string

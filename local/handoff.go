@@ -57,15 +57,15 @@ func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 		c.word.Store(uint64(w.next()))
 		win := c.win.Load()
 		dst = append(dst, Push{Rule: i, Win: win, Delta: delta, kind: pushCur})
+		read, readAgain := t.readsPrev(e, i, win, now)
+		again = again || readAgain
 		switch {
 		case s.prevPending != 0:
 			dst = append(dst, Push{Rule: i, Win: win - 1, Delta: s.prevPending, kind: pushPrev})
 			s.prevInflight += s.prevPending
 			s.prevPending = 0
-			again = again || now < s.prevReadUntil
-		case now < s.prevReadUntil:
+		case read:
 			dst = append(dst, Push{Rule: i, Win: win - 1, kind: pushPrev})
-			again = true
 		}
 		if st := t.stale(e, i); st != nil && st.n != 0 {
 			dst = append(dst, Push{Rule: i, Win: st.win, Delta: st.n, kind: pushStale})
@@ -73,6 +73,25 @@ func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 		}
 	}
 	return dst, again
+}
+
+// readsPrev reports whether a take of rule i of e at now reads the
+// store's total of window win-1, win being the counter's window, and
+// whether the next take will too. After a rollover into the window
+// following its last one, a counter reads its previous window at the first
+// take, however late, and at every take until ReadPrev after window win
+// began: the other nodes push their last increments of win-1 within a sync
+// period of its end. Call with e's mutex held.
+func (t *Table) readsPrev(e *Entry, i int, win, now int64) (read, again bool) {
+	f := uint32(flagReadPrev) << i
+	if !e.has(f) {
+		return false, false
+	}
+	if now >= win*t.rules[i].w+t.readPrev {
+		e.set(f, false) // this take is the last that reads it
+		return true, false
+	}
+	return true, true
 }
 
 // Settle writes back what the store answered for pushes of e that it

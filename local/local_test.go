@@ -70,6 +70,56 @@ func TestRolloverKeepsThePreviousWindow(t *testing.T) {
 	assert.Equal(t, uint64(0), tb.Stats().Dropped, "nothing dropped while the loop takes")
 }
 
+// TestReadsPreviousWindow follows which takes read the store's total of
+// the previous window after a rollover, and which leave the entry queued
+// for that: with ReadPrev of w/5, the first take after a rollover into the
+// next window, however late, and every take until w/5 after the window
+// began; none after a rollover that skipped a window.
+func TestReadsPreviousWindow(t *testing.T) {
+	prev := func(pushes []Push) bool {
+		for _, p := range pushes {
+			if p.kind == pushPrev {
+				return true
+			}
+		}
+		return false
+	}
+	for _, tc := range []struct {
+		name   string
+		decide []int64 // instants of decisions, in order, the last one rolling over
+		takes  []int64 // instants of takes after them
+		read   []bool  // whether each take reads window 4
+		again  []bool  // whether each take keeps the entry queued
+	}{
+		{"rollover at the start", []int64{4 * w, 5 * w}, []int64{5 * w, 5*w + w/10, 5*w + w/5, 5*w + w/2},
+			[]bool{true, true, true, false}, []bool{true, true, false, false}},
+		{"late rollover", []int64{4 * w, 5*w + 9*w/10}, []int64{5*w + 9*w/10, 5*w + 19*w/20},
+			[]bool{true, false}, []bool{false, false}},
+		{"late first take", []int64{4 * w, 5 * w}, []int64{5*w + w/2, 5*w + 3*w/5},
+			[]bool{true, false}, []bool{false, false}},
+		{"skipped window", []int64{3 * w, 5 * w}, []int64{5 * w, 5*w + w/10},
+			[]bool{false, false}, []bool{false, false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tb := NewTable(Options{Rules: []Rule{NewRule(Spec{Kind: Sliding, Limit: 100, Window: time.Duration(w)})}, MaxKeys: 10, Syncing: true, ReadPrev: w / 5})
+			for k, at := range tc.decide {
+				require.True(t, allow(t, tb, "k", 1, at))
+				if k == 0 {
+					takeSettle(tb, entry(t, tb, "k"), at, 0) // nothing pending at the rollover
+				}
+			}
+			e := entry(t, tb, "k")
+			for k, at := range tc.takes {
+				pushes, again := tb.Take(e, at, nil)
+				assert.Equal(t, tc.read[k], prev(pushes), "take %d at %d reads the previous window", k, at)
+				assert.Equal(t, tc.again[k], again, "take %d at %d keeps the entry queued", k, at)
+				totals := make([]int64, len(pushes))
+				tb.Settle(e, at, pushes, totals)
+			}
+		})
+	}
+}
+
 func TestTakeSettleRelease(t *testing.T) {
 	tb := newTestTable(t, true, 100)
 	assert.True(t, allow(t, tb, "k", 4, 5*w))

@@ -86,11 +86,11 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 		dropped := t.stash(e, i, old-1, s.prevPending)
 		if id == old+1 {
 			s.prevPending, s.prevInflight = p+s.adj, s.inflight
-			s.prevReadUntil = now + t.readPrev
 		} else {
 			dropped += t.stash(e, i, old, p+s.adj)
-			s.prevPending, s.prevInflight, s.prevReadUntil = 0, 0, 0
+			s.prevPending, s.prevInflight = 0, 0
 		}
+		e.set(flagReadPrev<<i, id == old+1)
 		s.inflight, s.adj = 0, 0
 		t.addDropped(dropped)
 	}

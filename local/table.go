@@ -16,9 +16,10 @@ type Options struct {
 	// Syncing makes the table keep what a sync loop needs: the queue of
 	// touched entries and every increment until the store acknowledges it.
 	Syncing bool
-	// ReadPrev is how long after a rollover the sync loop keeps reading
-	// the store's counter of the window that became the previous one, to
-	// learn other nodes' late increments (ns).
+	// ReadPrev is how long after a window's start the sync loop keeps
+	// reading the store's counter of the window before, to learn other
+	// nodes' late increments (ns). The first sync after a rollover reads it
+	// even later.
 	ReadPrev int64
 	// CountDenied makes denied requests consume quota too.
 	CountDenied bool
