@@ -62,7 +62,7 @@ type counter struct {
 
 // syncState is one counter's bookkeeping with the sync loop, in tables
 // that sync (32 bytes; whether the sync loop still reads the previous
-// window is the entry's flag flagReadPrev<<i). It is guarded by the entry's mutex. Between
+// window is in Entry.prevReads). It is guarded by the entry's mutex. Between
 // settles, base − inflight − adj is the store's total of window win as
 // last read (0 before the first read in the window), which the share
 // policy uses (see Table.othersShown).
@@ -133,15 +133,7 @@ const (
 	flagQueued             // in the table's touched queue
 	flagSealed             // taken by the final flush of Close
 	flagShared             // holds the share policy's states (Table.shareOf)
-
-	// flagReadPrev<<i: rule i rolled over into the window after its last
-	// one and the sync loop still reads the store's total of the window
-	// before (Table.readsPrev). Bits 16 to 31, one per rule.
-	flagReadPrev = 1 << 16
 )
-
-// The flags hold one flagReadPrev bit per rule.
-var _ [32 - 16 - MaxRules]struct{}
 
 // Entry is one user key's state on this node: a counter per rule, the
 // time of the last decision, and bookkeeping for the sync loop and the
@@ -161,8 +153,23 @@ type Entry struct {
 	key      string
 	lastSeen atomic.Int64 // ns of the last decision
 	flags    atomic.Uint32
-	c0       counter
+	// prevReads tells, in a table that syncs, which rules' takes still read
+	// the store's total of the previous window (Table.readsPrev): bit i,
+	// rule i's first take since it rolled over into the next window; bit
+	// 16+i, its takes until ReadPrev into the window. Guarded by the
+	// entry's mutex.
+	prevReads uint32
+	c0        counter
 }
+
+// The prevReads bits of rule i.
+const (
+	readFirst = 1
+	readUntil = 1 << 16
+)
+
+// prevReads holds two bits per rule.
+var _ [16 - MaxRules]struct{}
 
 // entryExt is the part of an entry that only some rules need.
 type entryExt struct {

@@ -77,21 +77,19 @@ func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 
 // readsPrev reports whether a take of rule i of e at now reads the
 // store's total of window win-1, win being the counter's window, and
-// whether the next take will too. After a rollover into the window
+// whether the take after it may too. After a rollover into the window
 // following its last one, a counter reads its previous window at the first
-// take, however late, and at every take until ReadPrev after window win
-// began: the other nodes push their last increments of win-1 within a sync
-// period of its end. Call with e's mutex held.
+// take, however late, and at every take before ReadPrev into window win:
+// the other nodes push their last increments of win-1 within a sync period
+// of its end. Call with e's mutex held.
 func (t *Table) readsPrev(e *Entry, i int, win, now int64) (read, again bool) {
-	f := uint32(flagReadPrev) << i
-	if !e.has(f) {
-		return false, false
+	first := e.prevReads&(readFirst<<i) != 0
+	until := e.prevReads&(readUntil<<i) != 0 && now < win*t.rules[i].w+t.readPrev
+	e.prevReads &^= readFirst << i
+	if !until {
+		e.prevReads &^= readUntil << i
 	}
-	if now >= win*t.rules[i].w+t.readPrev {
-		e.set(f, false) // this take is the last that reads it
-		return true, false
-	}
-	return true, true
+	return first || until, until
 }
 
 // Settle writes back what the store answered for pushes of e that it

@@ -90,7 +90,10 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 			dropped += t.stash(e, i, old, p+s.adj)
 			s.prevPending, s.prevInflight = 0, 0
 		}
-		e.set(flagReadPrev<<i, id == old+1)
+		e.prevReads &^= (readFirst | readUntil) << i
+		if id == old+1 {
+			e.prevReads |= (readFirst | readUntil) << i
+		}
 		s.inflight, s.adj = 0, 0
 		t.addDropped(dropped)
 	}
