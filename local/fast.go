@@ -137,7 +137,7 @@ func (t *Table) allowRules(e *Entry, n, now int64) (rule int, remaining, resetAf
 	var wins [4]int64
 	remaining = math.MaxInt64
 	fn := float64(n)
-	rules := t.rules
+	nr := len(t.rules)
 	r, c := t.rule0, &e.c0
 	for i := 0; ; {
 		w := word(c.word.Load())
@@ -159,14 +159,15 @@ func (t *Table) allowRules(e *Entry, n, now int64) (rule int, remaining, resetAf
 				resetAfter = r.resetAfter(prev, cur, el)
 			}
 		}
-		if i++; i == len(rules) {
+		if i++; i == nr {
 			break
 		}
-		// The next rule and its counter, which follows c in the entry.
-		r, c = &rules[i], (*counter)(unsafe.Add(unsafe.Pointer(c), counterSize))
+		// The next rule, which follows r in t.rules, and its counter, which
+		// follows c in the entry: pointers moved on, without indexing.
+		r, c = (*Rule)(unsafe.Add(unsafe.Pointer(r), ruleSize)), (*counter)(unsafe.Add(unsafe.Pointer(c), counterSize))
 	}
 	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
-		res := reserved{upto: len(rules)}
+		res := reserved{upto: nr}
 		copy(res.words[:], words[:])
 		copy(res.wins[:], wins[:])
 		if t.committed(e, &res, n, now) != admitted {
@@ -180,6 +181,9 @@ func (t *Table) allowRules(e *Entry, n, now int64) (rule int, remaining, resetAf
 	}
 	return rule, remaining, resetAfter
 }
+
+// ruleSize is the distance between consecutive rules in Table.rules.
+const ruleSize = unsafe.Sizeof(Rule{})
 
 // undoRules takes back what allowRules counted on rules [0, upto) and
 // returns its answer for a decision it leaves to Allow.
