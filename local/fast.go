@@ -11,8 +11,8 @@ import (
 
 // Allow1 is the common case of Allow alone, written out so that it
 // returns what a decision needs in registers: a table of one to four
-// Sliding, Fixed or Buckets rules without the share policy (or one such
-// rule under the share policy), a tracked key, every counter in its
+// Sliding, Fixed or Buckets rules without the share policy (under it, one
+// Sliding or Fixed rule, or two to four), a tracked key, every counter in its
 // window, admitted at the first compare-and-swap of each. When rule is not
 // negative, the request was admitted and counted, and rule, the tightest
 // rule, has remaining and resetAfter (ns) after it. Otherwise nothing was
@@ -44,7 +44,9 @@ func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfte
 	if t.fast != 1 {
 		switch t.fast {
 		case 4:
-			return t.allowRules(e, n, now)
+			return allowRules[noShares](t, e, n, now)
+		case 5:
+			return allowRules[withShares](t, e, n, now)
 		case 2:
 			return t.allowWindows(e, n, now)
 		}
@@ -125,19 +127,22 @@ func (t *Table) kept1(e *Entry, w word, win, n, now int64) bool {
 	return t.committed(e, &res, n, now) == admitted
 }
 
-// allowRules is Allow1 for two to four Sliding or Fixed rules without the
-// share policy: decide's steps for each rule in turn, written out. Each
+// allowRules is Allow1 for two to four Sliding or Fixed rules: decide's
+// steps for each rule in turn, written out, with the share policy's room
+// once the entry has its states (allowShare's check). Each
 // rule reads its words, computes the previous window's weighted part once
 // for its estimates before and after the request, and commits with one
 // compare-and-swap on the word it read; the tightest rule is found as
 // decide's fold finds it (the first of the least remaining). When a rule
 // cannot be counted, the rules before it are taken back.
-func (t *Table) allowRules(e *Entry, n, now int64) (rule int, remaining, resetAfter int64) {
+func allowRules[P noShares | withShares](t *Table, e *Entry, n, now int64) (rule int, remaining, resetAfter int64) {
 	var words [4]word // as read: undo needs the generation, which plus keeps
 	var wins [4]int64
 	remaining = math.MaxInt64
 	fn := float64(n)
 	nr := len(t.rules)
+	var p P
+	shared := unsafe.Sizeof(p) != 0 && e.flags.Load()&flagShared != 0 // a constant false for noShares
 	r, c := t.rule0, &e.c0
 	for i := 0; ; {
 		w := word(c.word.Load())
@@ -149,11 +154,22 @@ func (t *Table) allowRules(e *Entry, n, now int64) (rule int, remaining, resetAf
 		words[i&3], wins[i&3] = w, win
 		prev, cur := c.prev.Load(), c.base.Load()+w.count()
 		part := r.prevPart(prev, el) // est = part + cur, as estimate
-		if !(part+float64(cur)+fn <= r.limitE) || !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
+		if !(part+float64(cur)+fn <= r.limitE) {
+			return t.undoRules(e, i, &words, &wins, n)
+		}
+		var shareRem int64 // what the share policy admits after the request
+		if shared && !t.shareFits(e, i, prev, cur, win, el, fn, &shareRem) {
+			return t.undoRules(e, i, &words, &wins, n)
+		}
+		if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
 			return t.undoRules(e, i, &words, &wins, n)
 		}
 		cur += n
-		if rem := r.remainingAdmitted(part + float64(cur)); rem < remaining {
+		rem := r.remainingAdmitted(part + float64(cur))
+		if shared {
+			rem = min(rem, shareRem)
+		}
+		if rem < remaining {
 			rule, remaining, resetAfter = i, rem, r.full-el
 			if cur <= 0 {
 				resetAfter = r.resetAfter(prev, cur, el)
@@ -180,6 +196,28 @@ func (t *Table) allowRules(e *Entry, n, now int64) (rule int, remaining, resetAf
 		t.touch(e)
 	}
 	return rule, remaining, resetAfter
+}
+
+// noShares and withShares instantiate allowRules for a table without
+// and with the share policy: their sizes differ, so the compiler builds
+// each apart, and without the policy the share checks fold away.
+type (
+	noShares   struct{}
+	withShares struct{ _ byte }
+)
+
+// shareFits reports whether the share policy admits a request of cost fn
+// on rule i of e (allowShare's check), and sets *rem to what it admits
+// after the request (math.MaxInt64 when it does not apply).
+func (t *Table) shareFits(e *Entry, i int, prev, cur, win, el int64, fn float64, rem *int64) bool {
+	*rem = math.MaxInt64
+	if _, room, applies := t.shareRoomOf(e, i, prev, cur, win, el); applies {
+		if fn > room+Epsilon {
+			return false
+		}
+		*rem = int64(max(room-fn, 0))
+	}
+	return true
 }
 
 // ruleSize is the distance between consecutive rules in Table.rules.

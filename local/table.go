@@ -124,10 +124,10 @@ type Table struct {
 	simple bool  // one Sliding or Fixed rule: the short decision path
 	rule0  *Rule // &rules[0]
 	// fast selects Allow1's path: 1 for one Sliding or Fixed rule
-	// (decide1's), 3 for the same under the share policy, 2 for up to 4
-	// Sliding, Fixed or Buckets rules without the share policy (decide's),
-	// 4 for the same when they are 2 to 4 Sliding or Fixed rules, 0 for
-	// none.
+	// (decide1's), 3 for the same under the share policy, 4 for 2 to 4
+	// Sliding or Fixed rules (under the share policy too), 2 for other sets
+	// of up to 4 Sliding, Fixed or Buckets rules without the share policy
+	// (decide's), 0 for none.
 	fast    int
 	histOff []int // per rule: its first slot in Entry.hist (Buckets), followed by its sum slot
 	hist    int   // Entry.hist's length
@@ -175,27 +175,24 @@ func NewTable(o Options) *Table {
 		t.rule0 = &t.rules[0]
 	}
 	t.simple = len(t.rules) == 1 && (t.rules[0].kind == Sliding || t.rules[0].kind == Fixed)
-	if len(t.rules) <= 4 && !t.share {
-		t.fast = 2
-		for i := range t.rules {
-			if !t.rules[i].counted() {
-				t.fast = 0
-			}
-		}
-	}
-	if t.fast == 2 && len(t.rules) > 1 {
-		t.fast = 4
-		for i := range t.rules {
-			if k := t.rules[i].kind; k != Sliding && k != Fixed {
-				t.fast = 2
-			}
-		}
+	windows, counted := true, true // every rule Sliding or Fixed; every rule counted
+	for i := range t.rules {
+		k := t.rules[i].kind
+		windows = windows && (k == Sliding || k == Fixed)
+		counted = counted && t.rules[i].counted()
 	}
 	switch {
 	case t.simple && t.share:
 		t.fast = 3
 	case t.simple:
 		t.fast = 1
+	case len(t.rules) > 4:
+	case windows && len(t.rules) > 1 && t.share:
+		t.fast = 5
+	case windows && len(t.rules) > 1:
+		t.fast = 4
+	case counted && !t.share:
+		t.fast = 2
 	}
 	seed := o.Seed
 	if seed == 0 {
