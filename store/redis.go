@@ -214,7 +214,7 @@ func (s *Redis) now() time.Time {
 
 // cmdErr returns the error of the call itself, not of its reply's
 // elements.
-func cmdErr(cmd *redis.Cmd) error {
+func cmdErr(cmd redis.Cmder) error {
 	if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return err
 	}
