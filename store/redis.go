@@ -42,7 +42,7 @@ type Redis struct {
 	// time, so that the take marker of a stream and group sees its calls
 	// in order (a client's retry of a call comes before the next call).
 	streamMu sync.Mutex
-	streams  []int // free stream ids
+	streams  []*takeStream // free streams
 	nstreams int
 
 	calls atomic.Uint64

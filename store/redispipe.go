@@ -174,7 +174,7 @@ func waited[C scriptCommand](want int, wait *redis.Cmd, cmds []C) {
 // those that other masters ran and answered, which would put what healthy
 // masters applied in doubt (a synchronous request is then counted twice),
 // and open their circuits.
-func (s *Redis) perServer(items []int, addrs map[int]string, f func(items []int)) {
+func (s *Redis) perServer(items []int, addrs []string, f func(items []int)) {
 	if s.cluster == nil {
 		f(items)
 		return

@@ -31,38 +31,29 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 		}
 		return err
 	}
-	type call struct {
-		group int
-		reqs  []*TakeRequest
-		seq   uint64
-	}
-	type callKey struct {
-		group  int
-		prefix string
-		rules  *local.Rule
-		n      int
-	}
-	var calls []*call
-	index := map[callKey]*call{}
-	for _, r := range reqs {
-		if err := r.check(); err != nil {
-			r.Status, r.Err = Failed, err
-			continue
+	calls := s.oneCall(reqs)
+	if calls == nil {
+		index := map[takeCallKey]*takeCall{}
+		for _, r := range reqs {
+			if r.check() != nil { // failed by oneCall
+				continue
+			}
+			g := 0
+			if s.cluster != nil {
+				g = Slot(r.Key)
+			}
+			k := takeCallKey{g, r.Prefix, &r.Rules[0], len(r.Rules)}
+			c := index[k]
+			if c == nil {
+				c = &takeCall{group: g}
+				index[k] = c
+				calls = append(calls, c)
+			}
+			c.reqs = append(c.reqs, r)
 		}
-		g := 0
-		if s.cluster != nil {
-			g = Slot(r.Key)
-		}
-		k := callKey{g, r.Prefix, &r.Rules[0], len(r.Rules)}
-		c := index[k]
-		if c == nil {
-			c = &call{group: g}
-			index[k] = c
-			calls = append(calls, c)
-		}
-		c.reqs = append(c.reqs, r)
 	}
 	ttl := int64(time.Minute / time.Millisecond)
+	addrs := make([]string, len(calls))
 	arenas := make([]*takeArena, len(calls))
 	defer func() {
 		for _, a := range arenas {
@@ -75,9 +66,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 		sent := s.now()
 		stream := s.stream()
 		defer s.releaseStream(stream)
-		node := s.node + "." + strconv.Itoa(stream)
 		var send []int
-		addrs := make(map[int]string, len(items))
 		for _, i := range items {
 			c := calls[i]
 			addr, ok := s.allow(ctx, c.group)
@@ -89,6 +78,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			}
 			addrs[i] = addr
 			c.seq = s.seq.Add(1)
+			c.marker = stream.marker(c.reqs[0].Prefix, s.slotOf(c.group))
 			send = append(send, i)
 		}
 		s.perServer(send, addrs, func(send []int) {
@@ -98,7 +88,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			cmds := execScript(s, ctx, takeScript, false, send, func(i int) ([]any, int) {
 				c := calls[i]
 				arenas[i] = takeArenas.Get().(*takeArena)
-				return arenas[i].args(markerKey(c.reqs[0].Prefix, 't', s.slotOf(c.group), node), c.seq, ttl, c.reqs)
+				return arenas[i].args(c.marker, c.seq, ttl, c.reqs)
 			}, redis.NewIntSliceCmd)
 			outcome := make(map[string]error, 1)
 			for k, i := range send {
@@ -111,22 +101,95 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 	return nil
 }
 
-// stream returns a free stream id.
-func (s *Redis) stream() int {
+// takeCall is one take script call: requests that share a Redis Cluster
+// hash slot (group), a prefix and their rules.
+type takeCall struct {
+	group  int
+	reqs   []*TakeRequest
+	seq    uint64
+	marker string // the take marker key of the call's stream and group
+}
+
+// takeCallKey is what the requests of one takeCall share.
+type takeCallKey struct {
+	group  int
+	prefix string
+	rules  *local.Rule
+	n      int
+}
+
+// oneCall checks reqs, failing those that are not valid, and returns them
+// as one call when they all go in one (the valid ones share their prefix
+// and rules, in a standalone or Sentinel deployment), or nil when they do
+// not. A Take of one limiter's decisions makes one call without grouping
+// its requests in a map or copying them.
+func (s *Redis) oneCall(reqs []*TakeRequest) []*takeCall {
+	var first *TakeRequest
+	failed := 0
+	same := s.cluster == nil
+	for _, r := range reqs {
+		if err := r.check(); err != nil {
+			r.Status, r.Err = Failed, err
+			failed++
+			continue
+		}
+		if first == nil {
+			first = r
+		} else if same && (r.Prefix != first.Prefix || &r.Rules[0] != &first.Rules[0] || len(r.Rules) != len(first.Rules)) {
+			same = false
+		}
+	}
+	if !same {
+		return nil
+	}
+	if first == nil {
+		return []*takeCall{}
+	}
+	c := &takeCall{reqs: reqs}
+	if failed > 0 {
+		c.reqs = make([]*TakeRequest, 0, len(reqs)-failed)
+		for _, r := range reqs {
+			if r.check() == nil {
+				c.reqs = append(c.reqs, r)
+			}
+		}
+	}
+	return []*takeCall{c}
+}
+
+// takeStream is a stream of take calls: its name in the take markers,
+// and the last marker key it built.
+type takeStream struct {
+	node   string // the store's node, a dot and the stream's number
+	prefix string // the last marker's prefix and slot
+	slot   int
+	last   string
+}
+
+// marker returns the stream's take marker key for prefix and slot.
+func (t *takeStream) marker(prefix string, slot int) string {
+	if t.last == "" || t.prefix != prefix || t.slot != slot {
+		t.prefix, t.slot, t.last = prefix, slot, markerKey(prefix, 't', slot, t.node)
+	}
+	return t.last
+}
+
+// stream returns a free stream.
+func (s *Redis) stream() *takeStream {
 	s.streamMu.Lock()
 	defer s.streamMu.Unlock()
 	if n := len(s.streams); n > 0 {
-		id := s.streams[n-1]
+		t := s.streams[n-1]
 		s.streams = s.streams[:n-1]
-		return id
+		return t
 	}
 	s.nstreams++
-	return s.nstreams - 1
+	return &takeStream{node: s.node + "." + strconv.Itoa(s.nstreams-1)}
 }
 
-func (s *Redis) releaseStream(id int) {
+func (s *Redis) releaseStream(t *takeStream) {
 	s.streamMu.Lock()
-	s.streams = append(s.streams, id)
+	s.streams = append(s.streams, t)
 	s.streamMu.Unlock()
 }
 
