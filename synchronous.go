@@ -44,14 +44,23 @@ type synchronous struct {
 	queue    []*call
 	inflight int // batches on their way
 	flying   int // calls in the batches on their way
+	free     []*batch
 	calls    atomic.Uint64
 }
 
 // call is one synchronous decision waiting for the store.
 type call struct {
 	req   store.TakeRequest
-	batch []*call   // set when the call is handed a batch to send
+	batch *batch    // set when the call is handed a batch to send
 	done  chan bool // receives true: send batch; false: req is decided
+}
+
+// batch is the calls of one round trip and their requests. A batch's
+// arrays serve the next round trips once it is done: at most maxInFlight
+// batches exist.
+type batch struct {
+	calls []*call
+	reqs  []*store.TakeRequest
 }
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan bool, 1)} }}
@@ -135,12 +144,17 @@ func (s *synchronous) do(c *call) {
 	s.send(c, batch)
 }
 
-// next removes the queue's head, up to maxBatch calls, and returns it.
-// Call with s.mu held.
-func (s *synchronous) next() []*call {
+// next removes the queue's head, up to maxBatch calls, and returns it as
+// a batch. Call with s.mu held.
+func (s *synchronous) next() *batch {
 	k := min(len(s.queue), maxBatch)
-	batch := make([]*call, k)
-	copy(batch, s.queue)
+	var b *batch
+	if n := len(s.free); n > 0 {
+		b, s.free = s.free[n-1], s.free[:n-1]
+	} else {
+		b = &batch{}
+	}
+	b.calls = append(b.calls[:0], s.queue[:k]...)
 	// Shift what stays first, then clear the tail it leaves: clearing the
 	// last k first would wipe the calls past the batch in a queue longer
 	// than one.
@@ -148,23 +162,25 @@ func (s *synchronous) next() []*call {
 	clear(s.queue[n:])
 	s.queue = s.queue[:n]
 	s.flying += k
-	return batch
+	return b
 }
 
-// send sends batch (whose first call is c) as one round trip, then hands
-// its slot over with the next batch to the queue's head, if any.
-func (s *synchronous) send(c *call, batch []*call) {
+// send sends b (whose first call is c) as one round trip, then hands its
+// slot over with the next batch to the queue's head, if any.
+func (s *synchronous) send(c *call, b *batch) {
 	c.batch = nil
+	batch := b.calls
 	// The deadline counts from the sending, not from the decision: a
 	// request that waited in the queue behind slow round trips (a dead
 	// shard's, until its circuit opens) still gets its full time in the
 	// store.
 	deadline := s.l.clock.now()/int64(time.Microsecond) + int64(s.timeout/2/time.Microsecond)
-	reqs := make([]*store.TakeRequest, len(batch))
-	for i, x := range batch {
+	reqs := b.reqs[:0]
+	for _, x := range batch {
 		x.req.Deadline = deadline
-		reqs[i] = &x.req
+		reqs = append(reqs, &x.req)
 	}
+	b.reqs = reqs
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	s.calls.Add(1)
 	err := s.l.cfg.Store.Take(ctx, reqs)
@@ -186,11 +202,16 @@ func (s *synchronous) send(c *call, batch []*call) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.flying -= len(batch)
+	// The calls woken above may be deciding again already, in other
+	// batches: forget them.
+	clear(b.calls)
+	clear(b.reqs)
+	s.free = append(s.free, b)
 	if len(s.queue) == 0 || s.inflight > 1 && len(s.queue) < s.flying {
 		s.inflight--
 		return
 	}
 	next := s.next()
-	next[0].batch = next
-	next[0].done <- true
+	next.calls[0].batch = next
+	next.calls[0].done <- true
 }

@@ -208,6 +208,35 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 		take(t, s, p)
 		assert.Equal(t, int64(0), p.Counts[0].Cur, "nothing counted")
 	})
+	t.Run("TakeMixedPrefixesAndRules", func(t *testing.T) {
+		// One Take carries requests of two prefixes and two sets of
+		// rules, interleaved: each is counted under its own prefix and
+		// rules, in order.
+		s, pfx := open(t)
+		other := pfx + "_other"
+		one, two := []local.Rule{wr(2, 1000)}, []local.Rule{fr(1, 2000)}
+		var rs []*store.TakeRequest
+		for range 3 {
+			rs = append(rs,
+				newTake(pfx, "k", future, 1, false, false, one...),
+				newTake(other, "k", future, 1, false, false, one...),
+				newTake(pfx, "k", future, 1, false, false, two...))
+		}
+		take(t, s, rs...)
+		var got []bool
+		for _, r := range rs {
+			got = append(got, r.Allowed)
+		}
+		assert.Equal(t, []bool{true, true, true, true, true, false, false, false, false}, got)
+		// A request that failed in an earlier Take (its key was empty) is
+		// decided when sent again, valid.
+		r := newTake(pfx, "", future, 1, false, false, one...)
+		require.NoError(t, s.Take(context.Background(), []*store.TakeRequest{r}))
+		require.Equal(t, store.Failed, r.Status)
+		r.Key = "again"
+		take(t, s, r, newTake(other, "again", future, 1, false, false, one...))
+		assert.True(t, r.Allowed)
+	})
 	t.Run("TakeOneCallSeesItsOwnWrites", func(t *testing.T) {
 		// One call carries the same key several times, between other keys:
 		// each request is decided on the counts the earlier ones left,

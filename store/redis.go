@@ -42,7 +42,7 @@ type Redis struct {
 	// time, so that the take marker of a stream and group sees its calls
 	// in order (a client's retry of a call comes before the next call).
 	streamMu sync.Mutex
-	streams  []int // free stream ids
+	streams  []*takeStream // free streams
 	nstreams int
 
 	calls atomic.Uint64
@@ -214,7 +214,7 @@ func (s *Redis) now() time.Time {
 
 // cmdErr returns the error of the call itself, not of its reply's
 // elements.
-func cmdErr(cmd *redis.Cmd) error {
+func cmdErr(cmd redis.Cmder) error {
 	if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return err
 	}

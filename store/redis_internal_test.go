@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -42,4 +43,51 @@ func TestTakeScriptRetryIsDecidedOnce(t *testing.T) {
 	assert.Equal(t, int64(1), v)
 	_, err = c.Get(ctx, marker).Result()
 	assert.NotErrorIs(t, err, redis.Nil, "the marker lives under the prefix")
+}
+
+// takeArgs returns the take script's keys and arguments for reqs, from a
+// fresh arena.
+func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]string, []any) {
+	all, n := new(takeArena).args(marker, seq, ttl, reqs)
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = *all[3+i].(*string)
+	}
+	return keys, all[3+n:]
+}
+
+// An arena reused for another call, larger or smaller, gives the same
+// arguments as a fresh one.
+func TestTakeArenaReuse(t *testing.T) {
+	rules := []local.Rule{local.NewRule(local.Spec{Kind: local.Sliding, Limit: 5, Window: time.Minute})}
+	reqs := func(n int, key string) []*TakeRequest {
+		var rs []*TakeRequest
+		for i := range n {
+			rs = append(rs, &TakeRequest{Prefix: "p", Key: fmt.Sprint(key, i), Rules: rules, Now: 1_700_000_000_000_000 + int64(i), Cost: int64(i + 1)})
+		}
+		return rs
+	}
+	flat := func(all []any) []string {
+		var out []string
+		for _, x := range all[3:] {
+			switch v := x.(type) {
+			case *string:
+				out = append(out, *v)
+			case *int64:
+				out = append(out, fmt.Sprint(*v))
+			default:
+				t.Fatalf("argument of type %T", x)
+			}
+		}
+		return out
+	}
+	a := new(takeArena)
+	for step, rs := range [][]*TakeRequest{reqs(3, "a"), reqs(40, "bb"), reqs(1, "c"), reqs(40, "d")} {
+		got, n := a.args("m", uint64(step), 60_000, rs)
+		want, wn := new(takeArena).args("m", uint64(step), 60_000, rs)
+		require.Equal(t, wn, n, "step %d: keys", step)
+		require.Equal(t, flat(want), flat(got), "step %d", step)
+		a.release()
+		a = takeArenas.Get().(*takeArena)
+	}
 }

@@ -50,22 +50,51 @@ func (s *Redis) lanes(n int, lane func(i int) int, f func(items []int)) {
 // otherwise its hash (EVALSHA), and the calls that the server answers
 // NOSCRIPT go again with the text in a second pipeline.
 func (s *Redis) exec(ctx context.Context, script luaScript, whole bool, items []int, args func(i int) ([]string, []any)) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(items))
-	keys := make([][]string, len(items))
+	return execScript(s, ctx, script, whole, items, func(i int) ([]any, int) {
+		return scriptArgs(args(i))
+	}, redis.NewCmd)
+}
+
+// scriptArgs returns a script call's arguments with keys and argv, after
+// three free slots for the command's name, its body and the number of
+// keys, and the number of keys. The keys go as pointers into keys, which
+// box without allocating: a call costs the same few allocations whatever
+// its number of keys.
+func scriptArgs(keys []string, argv []any) ([]any, int) {
+	args := make([]any, 3, 3+len(keys)+len(argv))
+	for i := range keys {
+		args = append(args, &keys[i])
+	}
+	return append(args, argv...), len(keys)
+}
+
+// scriptCommand is a command that carries a script call: its reply is read
+// by the command's type (any value, or an array of integers).
+type scriptCommand interface {
+	redis.Cmder
+}
+
+// execScript is exec with commands made by newCmd, whose type reads the
+// reply (a *redis.IntSliceCmd reads an array of integers into one []int64
+// without boxing each value), and args(i) giving item i's arguments as
+// scriptArgs does.
+func execScript[C scriptCommand](s *Redis, ctx context.Context, script luaScript, whole bool, items []int, args func(i int) ([]any, int), newCmd func(context.Context, ...any) C) []C {
+	cmds := make([]C, len(items))
 	argv := make([][]any, len(items))
+	nkeys := make([]int, len(items))
 	pipe := s.c.Pipeline()
 	for k, i := range items {
-		keys[k], argv[k] = args(i)
+		argv[k], nkeys[k] = args(i)
 		if whole {
-			cmds[k] = scriptCmd(ctx, pipe, "eval", script.src, keys[k], argv[k])
+			cmds[k] = scriptCmd(ctx, pipe, "eval", script.src, argv[k], nkeys[k], newCmd)
 		} else {
-			cmds[k] = scriptCmd(ctx, pipe, "evalsha", script.Hash(), keys[k], argv[k])
+			cmds[k] = scriptCmd(ctx, pipe, "evalsha", script.Hash(), argv[k], nkeys[k], newCmd)
 		}
 	}
 	wait := s.wait(ctx, pipe)
 	s.calls.Add(1)
 	_, _ = pipe.Exec(ctx)
-	s.waited(wait, cmds)
+	waited(s.o.WaitReplicas, wait, cmds)
 	var retry []int
 	for k, cmd := range cmds {
 		if isNoScript(cmd.Err()) {
@@ -74,32 +103,27 @@ func (s *Redis) exec(ctx context.Context, script luaScript, whole bool, items []
 	}
 	if len(retry) > 0 {
 		pipe := s.c.Pipeline()
-		again := make([]*redis.Cmd, len(retry))
+		again := make([]C, len(retry))
 		for j, k := range retry {
-			cmds[k] = scriptCmd(ctx, pipe, "eval", script.src, keys[k], argv[k])
+			cmds[k] = scriptCmd(ctx, pipe, "eval", script.src, argv[k], nkeys[k], newCmd)
 			again[j] = cmds[k]
 		}
 		wait := s.wait(ctx, pipe)
 		s.calls.Add(1)
 		_, _ = pipe.Exec(ctx)
-		s.waited(wait, again)
+		waited(s.o.WaitReplicas, wait, again)
 	}
 	return cmds
 }
 
 // scriptCmd queues on pipe the call of a script (name is "eval" with the
-// script's text as body, or "evalsha" with its hash) with keys and argv.
-// The keys go as pointers into keys, which box without allocating: a call
-// costs the same few allocations whatever its number of keys.
-func scriptCmd(ctx context.Context, pipe redis.Pipeliner, name, body string, keys []string, argv []any) *redis.Cmd {
-	args := make([]any, 3, 3+len(keys)+len(argv))
-	args[0], args[1], args[2] = name, body, len(keys)
-	for i := range keys {
-		args = append(args, &keys[i])
-	}
-	args = append(args, argv...)
-	cmd := redis.NewCmd(ctx, args...)
-	if len(keys) > 0 {
+// script's text as body, or "evalsha" with its hash) with args (as
+// scriptArgs returns them, nkeys keys), as a command made by newCmd. It
+// sets the three first elements of args.
+func scriptCmd[C scriptCommand](ctx context.Context, pipe redis.Pipeliner, name, body string, args []any, nkeys int, newCmd func(context.Context, ...any) C) C {
+	args[0], args[1], args[2] = name, body, nkeys
+	cmd := newCmd(ctx, args...)
+	if nkeys > 0 {
 		cmd.SetFirstKeyPos(3)
 	}
 	_ = pipe.Process(ctx, cmd)
@@ -122,16 +146,16 @@ func (e errNotReplicated) Error() string {
 }
 
 // waited puts the calls of a pipeline in doubt when its WAIT did not see
-// enough replicas: a failover could lose what they wrote.
-func (s *Redis) waited(wait *redis.Cmd, cmds []*redis.Cmd) {
+// want replicas: a failover could lose what they wrote.
+func waited[C scriptCommand](want int, wait *redis.Cmd, cmds []C) {
 	if wait == nil {
 		return
 	}
 	n, err := wait.Int64()
-	if err == nil && n >= int64(s.o.WaitReplicas) {
+	if err == nil && n >= int64(want) {
 		return
 	}
-	var fail error = errNotReplicated{n, int64(s.o.WaitReplicas)}
+	var fail error = errNotReplicated{n, int64(want)}
 	if err != nil {
 		fail = fmt.Errorf("store: redis WAIT: %w", err)
 	}
@@ -150,7 +174,7 @@ func (s *Redis) waited(wait *redis.Cmd, cmds []*redis.Cmd) {
 // those that other masters ran and answered, which would put what healthy
 // masters applied in doubt (a synchronous request is then counted twice),
 // and open their circuits.
-func (s *Redis) perServer(items []int, addrs map[int]string, f func(items []int)) {
+func (s *Redis) perServer(items []int, addrs []string, f func(items []int)) {
 	if s.cluster == nil {
 		f(items)
 		return

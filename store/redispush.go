@@ -22,7 +22,7 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 	s.lanes(len(batches), func(i int) int { return batches[i].Group % s.o.Lanes }, func(items []int) {
 		sent := s.now()
 		var send []int
-		addrs := make(map[int]string, len(items))
+		addrs := make([]string, len(batches))
 		// One breaker decision per server and call: a circuit that opens or
 		// half-opens during the call must not refuse an older batch of a
 		// group and let a newer one through, which the older one's marker
@@ -54,7 +54,7 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 
 // pushCalls sends batches[i] for every i in send as one pipeline, and sets
 // their results; sent is when the lane began, for the breaker.
-func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, addrs map[int]string, sent time.Time) {
+func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, addrs []string, sent time.Time) {
 	if len(send) == 0 {
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -30,45 +31,42 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 		}
 		return err
 	}
-	type call struct {
-		group int
-		reqs  []*TakeRequest
-		seq   uint64
-	}
-	type callKey struct {
-		group  int
-		prefix string
-		rules  *local.Rule
-		n      int
-	}
-	var calls []*call
-	index := map[callKey]*call{}
-	for _, r := range reqs {
-		if err := r.check(); err != nil {
-			r.Status, r.Err = Failed, err
-			continue
+	calls := s.oneCall(reqs)
+	if calls == nil {
+		index := map[takeCallKey]*takeCall{}
+		for _, r := range reqs {
+			if r.check() != nil { // failed by oneCall
+				continue
+			}
+			g := 0
+			if s.cluster != nil {
+				g = Slot(r.Key)
+			}
+			k := takeCallKey{g, r.Prefix, &r.Rules[0], len(r.Rules)}
+			c := index[k]
+			if c == nil {
+				c = &takeCall{group: g}
+				index[k] = c
+				calls = append(calls, c)
+			}
+			c.reqs = append(c.reqs, r)
 		}
-		g := 0
-		if s.cluster != nil {
-			g = Slot(r.Key)
-		}
-		k := callKey{g, r.Prefix, &r.Rules[0], len(r.Rules)}
-		c := index[k]
-		if c == nil {
-			c = &call{group: g}
-			index[k] = c
-			calls = append(calls, c)
-		}
-		c.reqs = append(c.reqs, r)
 	}
 	ttl := int64(time.Minute / time.Millisecond)
+	addrs := make([]string, len(calls))
+	arenas := make([]*takeArena, len(calls))
+	defer func() {
+		for _, a := range arenas {
+			if a != nil {
+				a.release()
+			}
+		}
+	}()
 	s.lanes(len(calls), func(i int) int { return calls[i].group % s.o.Lanes }, func(items []int) {
 		sent := s.now()
 		stream := s.stream()
 		defer s.releaseStream(stream)
-		node := s.node + "." + strconv.Itoa(stream)
 		var send []int
-		addrs := make(map[int]string, len(items))
 		for _, i := range items {
 			c := calls[i]
 			addr, ok := s.allow(ctx, c.group)
@@ -80,16 +78,18 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			}
 			addrs[i] = addr
 			c.seq = s.seq.Add(1)
+			c.marker = stream.marker(c.reqs[0].Prefix, s.slotOf(c.group))
 			send = append(send, i)
 		}
 		s.perServer(send, addrs, func(send []int) {
 			if len(send) == 0 {
 				return
 			}
-			cmds := s.exec(ctx, takeScript, false, send, func(i int) ([]string, []any) {
+			cmds := execScript(s, ctx, takeScript, false, send, func(i int) ([]any, int) {
 				c := calls[i]
-				return takeArgs(markerKey(c.reqs[0].Prefix, 't', s.slotOf(c.group), node), c.seq, ttl, c.reqs)
-			})
+				arenas[i] = takeArenas.Get().(*takeArena)
+				return arenas[i].args(c.marker, c.seq, ttl, c.reqs)
+			}, redis.NewIntSliceCmd)
 			outcome := make(map[string]error, 1)
 			for k, i := range send {
 				readTake(cmds[k], calls[i].reqs)
@@ -101,22 +101,95 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 	return nil
 }
 
-// stream returns a free stream id.
-func (s *Redis) stream() int {
+// takeCall is one take script call: requests that share a Redis Cluster
+// hash slot (group), a prefix and their rules.
+type takeCall struct {
+	group  int
+	reqs   []*TakeRequest
+	seq    uint64
+	marker string // the take marker key of the call's stream and group
+}
+
+// takeCallKey is what the requests of one takeCall share.
+type takeCallKey struct {
+	group  int
+	prefix string
+	rules  *local.Rule
+	n      int
+}
+
+// oneCall checks reqs, failing those that are not valid, and returns them
+// as one call when they all go in one (the valid ones share their prefix
+// and rules, in a standalone or Sentinel deployment), or nil when they do
+// not. A Take of one limiter's decisions makes one call without grouping
+// its requests in a map or copying them.
+func (s *Redis) oneCall(reqs []*TakeRequest) []*takeCall {
+	var first *TakeRequest
+	failed := 0
+	same := s.cluster == nil
+	for _, r := range reqs {
+		if err := r.check(); err != nil {
+			r.Status, r.Err = Failed, err
+			failed++
+			continue
+		}
+		if first == nil {
+			first = r
+		} else if same && (r.Prefix != first.Prefix || &r.Rules[0] != &first.Rules[0] || len(r.Rules) != len(first.Rules)) {
+			same = false
+		}
+	}
+	if !same {
+		return nil
+	}
+	if first == nil {
+		return []*takeCall{}
+	}
+	c := &takeCall{reqs: reqs}
+	if failed > 0 {
+		c.reqs = make([]*TakeRequest, 0, len(reqs)-failed)
+		for _, r := range reqs {
+			if r.check() == nil {
+				c.reqs = append(c.reqs, r)
+			}
+		}
+	}
+	return []*takeCall{c}
+}
+
+// takeStream is a stream of take calls: its name in the take markers,
+// and the last marker key it built.
+type takeStream struct {
+	node   string // the store's node, a dot and the stream's number
+	prefix string // the last marker's prefix and slot
+	slot   int
+	last   string
+}
+
+// marker returns the stream's take marker key for prefix and slot.
+func (t *takeStream) marker(prefix string, slot int) string {
+	if t.last == "" || t.prefix != prefix || t.slot != slot {
+		t.prefix, t.slot, t.last = prefix, slot, markerKey(prefix, 't', slot, t.node)
+	}
+	return t.last
+}
+
+// stream returns a free stream.
+func (s *Redis) stream() *takeStream {
 	s.streamMu.Lock()
 	defer s.streamMu.Unlock()
 	if n := len(s.streams); n > 0 {
-		id := s.streams[n-1]
+		t := s.streams[n-1]
 		s.streams = s.streams[:n-1]
-		return id
+		return t
 	}
 	s.nstreams++
-	return s.nstreams - 1
+	return &takeStream{node: s.node + "." + strconv.Itoa(s.nstreams-1)}
 }
 
-func (s *Redis) releaseStream(id int) {
+func (s *Redis) releaseStream(t *takeStream) {
 	s.streamMu.Lock()
-	s.streams = append(s.streams, id)
+	s.streams = append(s.streams, t)
 	s.streamMu.Unlock()
 }
 
@@ -135,11 +208,50 @@ func kindCode(k local.Kind) int {
 	return 4
 }
 
-// takeArgs returns the take script's keys and arguments for reqs, which
-// share their rules. The keys are slices of one string and the arguments
-// pointers into one array of numbers: a call costs a few allocations,
-// however many requests it carries.
-func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]string, []any) {
+// takeArena holds a take script call's arguments: the keys' bytes, the
+// keys as slices of them, the numbers, and the arguments as pointers into
+// both. A call's arena goes back to takeArenas once its Take has read the
+// reply, and the next call reuses its arrays: a call allocates nothing
+// once the arrays have grown to its size.
+type takeArena struct {
+	buf  []byte
+	ends []int
+	keys []string
+	nums []int64
+	argv []any
+}
+
+var takeArenas = sync.Pool{New: func() any { return new(takeArena) }}
+
+// maxArena is the largest arena, in bytes of keys, that goes back to
+// takeArenas: a rare huge call does not stay in memory.
+const maxArena = 1 << 20
+
+// release clears a's pointers and puts it back in takeArenas.
+func (a *takeArena) release() {
+	if cap(a.buf) > maxArena {
+		return
+	}
+	clear(a.keys)
+	clear(a.argv[:cap(a.argv)])
+	a.keys, a.argv = a.keys[:0], a.argv[:0]
+	takeArenas.Put(a)
+}
+
+// grow returns x emptied, with room for n elements.
+func grow[T any](x []T, n int) []T {
+	if cap(x) < n {
+		return make([]T, 0, n)
+	}
+	return x[:0]
+}
+
+// args returns the take script's arguments for reqs, which share their
+// rules, as scriptArgs does: three free slots, then the keys and the
+// numbers, and the number of keys. The keys are slices of one string and
+// the numbers pointers into one array, all in a's arrays, which the
+// caller must not release before the call's reply is read.
+func (a *takeArena) args(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]any, int) {
 	rules := reqs[0].Rules
 	logCap, longLog := int64(0), int64(0)
 	perReq := 0 // keys per request
@@ -157,7 +269,7 @@ func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]stri
 		}
 		perReq += n
 	}
-	nums := make([]int64, 0, 5+5*len(rules)+3*len(reqs))
+	nums := grow(a.nums, 5+5*len(rules)+3*len(reqs))
 	nums = append(nums, int64(seq), ttl, reqs[0].Deadline, int64(len(reqs)), int64(len(rules)))
 	for i := range rules {
 		r := &rules[i]
@@ -171,12 +283,12 @@ func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]stri
 		}
 		nums = append(nums, int64(kindCode(r.Kind())), r.Limit(), wus, param, longLog)
 	}
-	ends := make([]int, 0, perReq*len(reqs))
+	ends := grow(a.ends, perReq*len(reqs))
 	size := 0 // the keys' bytes: a base and at most 24 bytes of counter each
 	for _, q := range reqs {
 		size += perReq * (len(q.Prefix) + 4 + base64.RawURLEncoding.EncodedLen(len(q.Key)) + 24)
 	}
-	buf := make([]byte, 0, size)
+	buf := grow(a.buf, size)
 	for _, q := range reqs {
 		var flags int64
 		if q.Peek {
@@ -223,23 +335,30 @@ func takeArgs(marker string, seq uint64, ttl int64, reqs []*TakeRequest) ([]stri
 			}
 		}
 	}
-	all := unsafe.String(unsafe.SliceData(buf), len(buf)) // buf is not written again
-	keys := make([]string, 1+len(ends))
-	keys[0] = marker
+	// buf is not written again until the arena is reused, once the call's
+	// reply is read.
+	all := unsafe.String(unsafe.SliceData(buf), len(buf))
+	keys := grow(a.keys, 1+len(ends))
+	keys = append(keys, marker)
 	from := 0
-	for j, e := range ends {
-		keys[1+j] = all[from:e]
+	for _, e := range ends {
+		keys = append(keys, all[from:e])
 		from = e
 	}
-	argv := make([]any, len(nums))
-	for i := range nums {
-		argv[i] = &nums[i]
+	argv := grow(a.argv, 3+len(keys)+len(nums))[:3]
+	for i := range keys {
+		argv = append(argv, &keys[i])
 	}
-	return keys, argv
+	for i := range nums {
+		argv = append(argv, &nums[i])
+	}
+	a.buf, a.ends, a.keys, a.nums, a.argv = buf, ends, keys, nums, argv
+	return argv, len(keys)
 }
 
-// readTake sets the results of reqs from their script call.
-func readTake(cmd *redis.Cmd, reqs []*TakeRequest) {
+// readTake sets the results of reqs from their script call, whose reply
+// is read as an array of integers.
+func readTake(cmd *redis.IntSliceCmd, reqs []*TakeRequest) {
 	fail := func(st Status, err error) {
 		for _, r := range reqs {
 			r.Status, r.Err = st, err
@@ -253,9 +372,9 @@ func readTake(cmd *redis.Cmd, reqs []*TakeRequest) {
 		fail(st, fmt.Errorf("store: redis take of %d requests: %w", len(reqs), err))
 		return
 	}
-	vals, err := cmd.Int64Slice()
-	if err != nil || len(vals) == 0 {
-		fail(InDoubt, fmt.Errorf("store: redis take: unreadable reply: %v", err))
+	vals := cmd.Val()
+	if len(vals) == 0 {
+		fail(InDoubt, errors.New("store: redis take: empty reply"))
 		return
 	}
 	switch vals[0] {
