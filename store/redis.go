@@ -27,6 +27,9 @@ import (
 // per master: a pipeline never spans masters, so that one failing master
 // cannot fail the calls of another). A circuit breaker per server
 // fails calls at once while a server does not answer (see RedisOptions).
+// A Take call's arguments, key strings included, are built in buffers
+// that are reused once Take returns: a hook that keeps a command's Args
+// beyond its own call must copy them.
 //
 // Redis is safe for concurrent use. The zero value is not usable: create
 // one with NewRedis.
