@@ -1,6 +1,7 @@
 package hybridlimit
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -38,6 +39,11 @@ func TestConfigValidation(t *testing.T) {
 		{"burst on sliding", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Burst: 3}}}, "Config.Rules[0].Burst is 3, but only TokenBucket and LeakyBucket rules have a burst"},
 		{"negative burst", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Type: TokenBucket, Burst: -1}}}, "Config.Rules[0].Burst is -1, want 1 to 1099511627776 (0: Limit)"},
 		{"bucket too fast", Config{Rules: []Rule{{Limit: 10_000, Window: time.Millisecond, Type: TokenBucket}}}, "Config.Rules[0] is 10000 per 1ms, faster than one per microsecond"},
+		// A bucket that refills in longer than MaxWindow: its arrival time,
+		// in ns, would pass the largest int64 (2.4M hours: every request of
+		// cost 2.4M was admitted, one after the other).
+		{"bucket refill too long", Config{Rules: []Rule{{Limit: 1, Window: time.Hour, Type: TokenBucket, Burst: 2_400_000}}}, "Config.Rules[0].Burst is 2400000: at 1 per 1h0m0s the bucket refills in longer than MaxWindow 8784h0m0s"},
+		{"leaky queue too long", Config{Rules: []Rule{{Limit: 3, Window: 366 * 24 * time.Hour, Type: LeakyBucket, Burst: 4}}}, "Config.Rules[0].Burst is 4: at 3 per 8784h0m0s the bucket refills in longer than MaxWindow"},
 		{"bad mode", Config{Rules: ok, Mode: 9}, "Config.Mode is Mode(9), want ModeLocal, ModeAsync or ModeSynchronous"},
 		{"store in local mode", Config{Rules: ok, Store: mem}, "Config.Store is set but Config.Mode is local"},
 		{"async without store", Config{Rules: ok, Mode: ModeAsync}, "Config.Store is nil, want a store in Config.Mode async"},
@@ -61,6 +67,18 @@ func TestConfigValidation(t *testing.T) {
 		if assert.Error(t, err, tt.name) {
 			assert.Contains(t, err.Error(), tt.want, tt.name)
 			assert.Contains(t, err.Error(), "hybridlimit: ", tt.name)
+		}
+	}
+	// Buckets that refill within MaxWindow, to the microsecond intervals'
+	// rounding, are valid.
+	for _, r := range []Rule{
+		{Limit: 7, Window: MaxWindow, Type: TokenBucket},
+		{Limit: 1, Window: time.Hour, Type: LeakyBucket, Burst: 8784},
+		{Limit: 3_600_000_000, Window: time.Hour, Type: TokenBucket, Burst: MaxLimit}, // 1/µs
+	} {
+		l, err := New(Config{Rules: []Rule{r}})
+		if assert.NoError(t, err, "%v", r) {
+			_ = l.Close(context.Background())
 		}
 	}
 }

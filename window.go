@@ -2,6 +2,7 @@ package hybridlimit
 
 import (
 	"fmt"
+	"math/bits"
 	"sync/atomic"
 	"time"
 
@@ -100,8 +101,9 @@ type Rule struct {
 	// other types.
 	Buckets int
 	// Burst is a TokenBucket's size, or a LeakyBucket's queue, in units
-	// of cost: 1 to MaxLimit, default (zero) Limit. Zero for the other
-	// types.
+	// of cost: 1 to MaxLimit, default (zero) Limit, and at most what
+	// refills within MaxWindow (Burst·Window/Limit ≤ MaxWindow). Zero for
+	// the other types.
 	Burst int64
 }
 
@@ -196,10 +198,21 @@ func (r Rule) validate(field string) error {
 		return fmt.Errorf("hybridlimit: %s.Burst is %d, want 1 to %d (0: Limit)", field, r.Burst, int64(MaxLimit))
 	case (r.Type == TokenBucket || r.Type == LeakyBucket) && r.Window/time.Duration(r.Limit) < time.Microsecond:
 		return fmt.Errorf("hybridlimit: %s is %d per %v, faster than one per microsecond, the most a %v admits", field, r.Limit, r.Window, r.Type)
+	case (r.Type == TokenBucket || r.Type == LeakyBucket) && !r.refillsInMaxWindow():
+		return fmt.Errorf("hybridlimit: %s.Burst is %d: at %d per %v the bucket refills in longer than MaxWindow %v", field, r.burst(), r.Limit, r.Window, MaxWindow)
 	case r.Type != TokenBucket && r.Type != LeakyBucket && r.Burst != 0:
 		return fmt.Errorf("hybridlimit: %s.Burst is %d, but only TokenBucket and LeakyBucket rules have a burst; leave it zero", field, r.Burst)
 	}
 	return nil
+}
+
+// refillsInMaxWindow reports whether a bucket rule's Burst intervals of
+// Window/Limit last at most MaxWindow (Burst·Window ≤ MaxWindow·Limit, in
+// 128 bits), so that an arrival time stays within int64 nanoseconds.
+func (r Rule) refillsInMaxWindow() bool {
+	bh, bl := bits.Mul64(uint64(r.burst()), uint64(r.Window))
+	mh, ml := bits.Mul64(uint64(MaxWindow), uint64(r.Limit))
+	return bh < mh || bh == mh && bl <= ml
 }
 
 // sameCounters reports whether rules a and b would count in the same

@@ -42,3 +42,14 @@ func (r *Rule) bucketRetry(b []int64, el, n int64) int64 {
 	}
 	return int64(len(b))*r.w - el
 }
+
+// bucketSlot returns the slot of closed bucket id among the rule's span
+// slots: id modulo span, which is not negative for the ids before the Unix
+// epoch either.
+func (r *Rule) bucketSlot(id int64) int {
+	s := id % r.span
+	if s < 0 {
+		s += r.span
+	}
+	return int(s)
+}

@@ -81,3 +81,43 @@ func TestBucketSumFollowsTheSlots(t *testing.T) {
 		}
 	}
 }
+
+// A Buckets rule decides alike on both sides of the Unix epoch (a clock
+// set to it, as a mock clock starts): bucket ids before it are negative,
+// and so are the windows' first ids just after it.
+func TestBucketsAroundTheEpoch(t *testing.T) {
+	rule := NewRule(Spec{Kind: Buckets, Limit: 3, Window: time.Duration(4 * w), Buckets: 4})
+	steps := []struct {
+		at      int64
+		allowed bool
+	}{
+		{-6 * w, true}, {-6*w + 1, true}, // bucket −6: 2
+		{-5 * w, true},    // window −8…−5: 3
+		{-5*w + 1, false}, // full
+		{-2 * w, true},    // window −5…−2: 1 + 1
+		{-2*w + 1, true},  // 3
+		{-2*w + 2, false}, // full
+		{0, true},         // window −3…0: 2 (−2) + 1
+		{1, false},        // full
+		{w, false},        // window −2…1: still 3
+		{2 * w, true},     // window −1…2: 1 + 1
+		{2*w + 1, true},   // 3
+		{3 * w, false},    // window 0…3: still 3
+		{4 * w, true},     // window 1…4: 2 + 1
+		{6 * w, true},     // window 3…6: 1 + 1
+	}
+	for _, syncing := range []bool{false, true} {
+		tb := NewTable(Options{Rules: []Rule{rule}, MaxKeys: 10, Syncing: syncing, ReadPrev: w})
+		store := map[syncedCounter]int64{}
+		for i, s := range steps {
+			p := tb.Peek("k", 1, s.at)
+			require.Equal(t, s.allowed, p.Allowed, "syncing %v step %d (at %d): Peek", syncing, i, s.at)
+			d, st := tb.Allow("k", 1, s.at)
+			require.Equal(t, Decided, st)
+			require.Equal(t, s.allowed, d.Allowed, "syncing %v step %d (at %d)", syncing, i, s.at)
+			if syncing {
+				syncForTest(t, tb, store, 0, s.at)
+			}
+		}
+	}
+}

@@ -197,7 +197,7 @@ type observed struct {
 
 // histSlot is one closed bucket of a Buckets rule: its id and total,
 // written at rollovers and by the sync loop under the entry's mutex, read
-// by decisions. A slot holds bucket id % span.
+// by decisions. A slot holds bucket id modulo span (Rule.bucketSlot).
 type histSlot struct {
 	id atomic.Int64
 	n  atomic.Int64

@@ -301,7 +301,7 @@ func (t *Table) bucketCounts(e *Entry, i int, win, cur int64, buf []int64) []int
 	h := t.xOf(e).Load().hist[t.histOff[i] : t.histOff[i]+int(r.span)]
 	for k := range r.span - 1 {
 		id := win - r.span + 1 + k
-		s := &h[id%r.span]
+		s := &h[r.bucketSlot(id)]
 		if s.id.Load() == id {
 			b[k] = s.n.Load()
 		} else {

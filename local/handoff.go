@@ -148,7 +148,7 @@ func (t *Table) settleShares(e *Entry, now int64, pushes []Push, totals []int64)
 
 // histSet sets the closed bucket id of rule i to n. Call with e's mutex held.
 func (t *Table) histSet(e *Entry, i int, id, n int64) {
-	s := &t.xOf(e).Load().hist[t.histOff[i]+int(id%t.rules[i].span)]
+	s := &t.xOf(e).Load().hist[t.histOff[i]+t.rules[i].bucketSlot(id)]
 	sum := t.closedSum(e, i)
 	if old := s.id.Load(); t.inWindow(e, i, old) {
 		sum.Add(-s.n.Load())

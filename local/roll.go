@@ -8,7 +8,7 @@ import "sync/atomic"
 // histAdd adds d to the closed bucket id of rule i, if it is kept. Call
 // with e's mutex held.
 func (t *Table) histAdd(e *Entry, i int, id, d int64) {
-	s := &t.xOf(e).Load().hist[t.histOff[i]+int(id%t.rules[i].span)]
+	s := &t.xOf(e).Load().hist[t.histOff[i]+t.rules[i].bucketSlot(id)]
 	if s.id.Load() == id {
 		s.n.Add(d)
 		if t.inWindow(e, i, id) {
@@ -38,7 +38,7 @@ func (t *Table) resum(e *Entry, i int) {
 	win := e.ctr(i).win.Load()
 	sum := int64(0)
 	for id := win - r.span + 1; id < win; id++ {
-		if s := &h[id%r.span]; s.id.Load() == id {
+		if s := &h[r.bucketSlot(id)]; s.id.Load() == id {
 			sum += s.n.Load()
 		}
 	}
@@ -75,7 +75,7 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 	}
 	buckets := t.rules[i].kind == Buckets
 	if buckets {
-		s := &t.xOf(e).Load().hist[t.histOff[i]+int(old%t.rules[i].span)]
+		s := &t.xOf(e).Load().hist[t.histOff[i]+t.rules[i].bucketSlot(old)]
 		s.id.Store(old)
 		s.n.Store(total)
 	}

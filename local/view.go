@@ -65,13 +65,14 @@ func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
 // committed finishes a decision that committed what res holds and then
 // found e dead or the table closed: it takes the increments back and
 // reports retry or closed, or reports admitted when the final flush took
-// them.
+// them. An eviction may have cleared e's mark since (it saw an increment
+// and kept e): the decision then stands, unless the table is closed.
 func (t *Table) committed(e *Entry, res *reserved, n, now int64) outcome {
 	if e.has(flagDead) {
 		t.undoAll(e, res, n, now)
 		return retry
 	}
-	if t.closedAfterCommit(e, res, n, now) {
+	if t.syncing && t.closed.Load() && t.closedAfterCommit(e, res, n, now) {
 		return closed
 	}
 	return admitted
