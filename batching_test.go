@@ -196,3 +196,45 @@ func TestSynchronousLongQueue(t *testing.T) {
 	assert.Equal(t, n+2, count)
 	assert.Equal(t, uint64(n+2), l.Stats().Allowed+l.Stats().Denied)
 }
+
+// A queue of exactly maxBatch decisions leaves in one round trip, one of
+// maxBatch+1 in two: the one past the batch waits beside it and leaves
+// when no other round trip is on its way.
+func TestSynchronousQueueAtTheBatchSize(t *testing.T) {
+	for _, n := range []int{maxBatch, maxBatch + 1} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			l, g := newGated(t)
+			g.entered = make(chan int, 2*maxBatch)
+			var wg sync.WaitGroup
+			decide := func(from, n int) {
+				for i := range n {
+					wg.Go(func() {
+						res, err := l.Allow(context.Background(), fmt.Sprint("k", from+i))
+						assert.NoError(t, err)
+						assert.True(t, res.Allowed)
+						assert.False(t, res.Degraded)
+					})
+				}
+			}
+			decide(0, 2)
+			require.Equal(t, 1, g.enters(t))
+			require.Equal(t, 1, g.enters(t))
+			decide(2, n)
+			queued(t, l, n)
+			g.release <- struct{}{} // a lone one ends: a full batch leaves
+			require.Equal(t, maxBatch, g.enters(t))
+			queued(t, l, n-maxBatch)
+			g.release <- struct{}{} // the other lone one ends
+			if n > maxBatch {
+				queued(t, l, 1)
+				g.quiet(t, "1 decision queued beside a round trip of 512")
+				g.release <- struct{}{} // the batch ends: the last one leaves
+				require.Equal(t, 1, g.enters(t))
+			}
+			g.release <- struct{}{}
+			wg.Wait()
+			g.quiet(t, "every decision was decided")
+			assert.Equal(t, uint64(n+2), l.Stats().Allowed)
+		})
+	}
+}

@@ -34,6 +34,10 @@ func TestConfigValidation(t *testing.T) {
 		{"buckets uneven", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Type: Bucketed, Buckets: 7}}}, "Config.Rules[0].Buckets is 7, which does not divide Window 1s into whole milliseconds"},
 		{"buckets on sliding", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Buckets: 10}}}, "Config.Rules[0].Buckets is 10, but only a Bucketed rule has buckets"},
 		{"log shorter than two syncs", Config{Rules: []Rule{{Limit: 5, Window: 150 * time.Millisecond, Type: Log}}, Mode: ModeAsync, Store: mem, SyncRate: 100 * time.Millisecond}, "Config.Rules[0] is a Log rule of 150ms: in ModeAsync it counts in at least 2 buckets of at least Config.SyncRate 100ms each, so its Window must be at least 200ms"},
+		// In ModeAsync a Log rule of 1s counts in 10 buckets of 100ms at a
+		// 50ms sync, the store keys of a Bucketed rule of 1s in 10: both
+		// pushed to them, and 8 admitted requests read as 16.
+		{"log counts like bucketed", Config{Rules: []Rule{{Limit: 10, Window: time.Second, Type: Log}, {Limit: 15, Window: time.Second, Type: Bucketed, Buckets: 10}}, Mode: ModeAsync, Store: mem, SyncRate: 50 * time.Millisecond}, "Config.Rules[0] is a Log rule of 1s: in ModeAsync it counts in 10 buckets, as Config.Rules[1] (15/1s bucketed×10) does"},
 		{"buckets shorter than sync", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Type: Bucketed, Buckets: 20}}, Mode: ModeAsync, Store: mem, SyncRate: 100 * time.Millisecond}, "Config.Rules[0] has buckets of 50ms, shorter than Config.SyncRate 100ms"},
 		{"log limit", Config{Rules: []Rule{{Limit: 1 << 17, Window: time.Second, Type: Log}}}, "Config.Rules[0].Limit is 131072, want 1 to 65536 for a log rule"},
 		{"burst on sliding", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Burst: 3}}}, "Config.Rules[0].Burst is 3, but only TokenBucket and LeakyBucket rules have a burst"},

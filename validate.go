@@ -36,6 +36,17 @@ func checkAsyncRules(field string, rules []Rule, syncRate time.Duration) error {
 		if r.Type == Log && logBuckets(r.Window, syncRate) < 2 {
 			return fmt.Errorf("hybridlimit: %s[%d] is a Log rule of %v: in ModeAsync it counts in at least 2 buckets of at least Config.SyncRate %v each, so its Window must be at least %v (or use ModeSynchronous for an exact log)", field, i, r.Window, syncRate, 2*syncRate)
 		}
+		if r.Type != Log {
+			continue
+		}
+		// A Log rule counts in the store keys of a Bucketed rule of its
+		// window and buckets: both would count every request there.
+		b := logBuckets(r.Window, syncRate)
+		for j, o := range rules {
+			if o.Type == Bucketed && o.Window == r.Window && o.Buckets == b {
+				return fmt.Errorf("hybridlimit: %s[%d] is a Log rule of %v: in ModeAsync it counts in %d buckets, as %s[%d] (%v) does; use one rule per window and algorithm", field, i, r.Window, b, field, j, o)
+			}
+		}
 	}
 	return nil
 }
