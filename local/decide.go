@@ -126,6 +126,7 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 			return Decision{}, refused
 		}
 	}
+	e.seen(now) // before the dead check: see Table.tryEvict
 	if e.has(flagDead) {
 		t.undoAll(e, &res, n, now)
 		return Decision{}, retry
@@ -133,7 +134,6 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 	if t.syncing && t.closed.Load() && t.closedAfterCommit(e, &res, n, now) {
 		return Decision{}, closed
 	}
-	e.seen(now)
 	t.count(e).allowed.Add(1)
 	if t.syncing {
 		t.touch(e)

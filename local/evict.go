@@ -31,6 +31,10 @@ func (t *Table) tryEvict(e *Entry, seenBefore int64) bool {
 	e.set(flagDead, true)
 	// A decision that committed after our first look sees the flag and
 	// retries on a fresh entry, or we see its increment here and keep e.
+	// One that committed before our first look records its time before it
+	// reads the flag: if it did not see the flag, we see its time here
+	// (both are sequentially consistent atomics) and keep e, which would
+	// otherwise be removed with the increment.
 	changed := e.lastSeen.Load() > seenBefore
 	for i := range t.rules {
 		changed = changed || e.ctr(i).word.Load() != words[i]

@@ -61,11 +61,13 @@ func (t *Table) Allow1(key string, n, now int64) (rule int, remaining, resetAfte
 	if !r.admits(est, n) {
 		return -1, 0, 0
 	}
-	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) ||
-		(e.has(flagDead) || (t.syncing && t.closed.Load())) && !t.kept1(e, w.plus(n), win, n, now) {
+	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
 		return -1, 0, 0
 	}
-	e.seen(now)
+	e.seen(now) // before the dead check: see Table.tryEvict
+	if (e.has(flagDead) || (t.syncing && t.closed.Load())) && !t.kept1(e, w.plus(n), win, n, now) {
+		return -1, 0, 0
+	}
 	t.count(e).allowed.Add(1)
 	if t.syncing {
 		t.touch(e)
@@ -92,11 +94,13 @@ func (t *Table) allowShare(e *Entry, n, now int64) (rule int, remaining, resetAf
 		}
 		remaining = min(remaining, int64(max(room-float64(n), 0)))
 	}
-	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) ||
-		(e.has(flagDead) || (t.syncing && t.closed.Load())) && !t.kept1(e, w.plus(n), win, n, now) {
+	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
 		return -1, 0, 0
 	}
-	e.seen(now)
+	e.seen(now) // before the dead check: see Table.tryEvict
+	if (e.has(flagDead) || (t.syncing && t.closed.Load())) && !t.kept1(e, w.plus(n), win, n, now) {
+		return -1, 0, 0
+	}
 	t.count(e).allowed.Add(1)
 	if t.syncing {
 		t.touch(e)
@@ -182,6 +186,7 @@ func allowRules[P noShares | withShares](t *Table, e *Entry, n, now int64) (rule
 		// follows c in the entry: pointers moved on, without indexing.
 		r, c = (*Rule)(unsafe.Add(unsafe.Pointer(r), ruleSize)), (*counter)(unsafe.Add(unsafe.Pointer(c), counterSize))
 	}
+	e.seen(now) // before the dead check: see Table.tryEvict
 	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
 		res := reserved{upto: nr}
 		copy(res.words[:], words[:])
@@ -190,7 +195,6 @@ func allowRules[P noShares | withShares](t *Table, e *Entry, n, now int64) (rule
 			return -1, 0, 0
 		}
 	}
-	e.seen(now)
 	t.count(e).allowed.Add(1)
 	if t.syncing {
 		t.touch(e)
@@ -259,6 +263,7 @@ func (t *Table) allowWindows(e *Entry, n, now int64) (rule int, remaining, reset
 			rule, remaining, resetAfter = i, rem, reset
 		}
 	}
+	e.seen(now) // before the dead check: see Table.tryEvict
 	if e.has(flagDead) || (t.syncing && t.closed.Load()) {
 		res := reserved{upto: len(t.rules)}
 		copy(res.words[:], words[:])
@@ -267,7 +272,6 @@ func (t *Table) allowWindows(e *Entry, n, now int64) (rule int, remaining, reset
 			return -1, 0, 0
 		}
 	}
-	e.seen(now)
 	t.count(e).allowed.Add(1)
 	if t.syncing {
 		t.touch(e)

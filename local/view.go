@@ -46,6 +46,7 @@ func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
 		if !c.word.CompareAndSwap(uint64(w), uint64(nw)) {
 			continue
 		}
+		e.seen(now) // before the dead check: see Table.tryEvict
 		if e.has(flagDead) || (t.syncing && t.closed.Load()) {
 			res := reserved{upto: 1}
 			res.words[0], res.wins[0] = nw, win
@@ -53,7 +54,6 @@ func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
 				return Decision{}, o
 			}
 		}
-		e.seen(now)
 		t.count(e).allowed.Add(1)
 		if t.syncing {
 			t.touch(e)
