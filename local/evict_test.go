@@ -98,7 +98,7 @@ func TestEvictionRacingADecisionLosesNothing(t *testing.T) {
 			rounds = 20_000
 		}
 		step := int64(10 * time.Second) // more than twice the window: the key is idle
-		var turn atomic.Int64            // 2r+1: round r's eviction may start
+		var turn atomic.Int64           // 2r+1: round r's eviction may start
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			for r := range int64(rounds) {
