@@ -177,6 +177,9 @@ func (t *Table) Release(e *Entry, pushes []Push) {
 		case p.kind == pushCur && win == p.Win+1, p.kind == pushPrev && win == p.Win+1:
 			s.prevInflight -= p.Delta
 			s.prevPending += p.Delta
+			if p.kind == pushPrev {
+				e.prevReads |= readFirst << p.Rule // the read failed: the next take reads again
+			}
 		default:
 			dropped += t.stash(e, p.Rule, p.Win, p.Delta)
 		}

@@ -120,6 +120,26 @@ func TestReadsPreviousWindow(t *testing.T) {
 	}
 }
 
+// TestFailedPreviousWindowReadIsRetried hands back a late first take's
+// read of the previous window (the store failed): the next take reads it
+// again, though it is past ReadPrev into the window.
+func TestFailedPreviousWindowReadIsRetried(t *testing.T) {
+	tb := NewTable(Options{Rules: []Rule{NewRule(Spec{Kind: Sliding, Limit: 100, Window: time.Duration(w)})}, MaxKeys: 10, Syncing: true, ReadPrev: w / 5})
+	require.True(t, allow(t, tb, "k", 1, 4*w))
+	e := entry(t, tb, "k")
+	takeSettle(tb, e, 4*w, 0)
+	require.True(t, allow(t, tb, "k", 1, 5*w+w/2)) // rolls over, late
+	pushes, _ := tb.Take(e, 5*w+w/2, nil)
+	require.Equal(t, []Push{{Rule: 0, Win: 5, Delta: 1, kind: pushCur}, {Rule: 0, Win: 4, kind: pushPrev}}, pushes)
+	tb.Release(e, pushes)
+	pushes, _ = tb.Take(e, 5*w+3*w/5, nil)
+	assert.Equal(t, []Push{{Rule: 0, Win: 5, Delta: 1, kind: pushCur}, {Rule: 0, Win: 4, kind: pushPrev}}, pushes, "the read is sent again")
+	tb.Settle(e, 5*w+3*w/5, pushes, []int64{1, 7})
+	assert.Equal(t, int64(7), e.ctr(0).prev.Load(), "the previous window's total as the store has it")
+	pushes, _ = tb.Take(e, 5*w+4*w/5, nil)
+	assert.Equal(t, []Push{{Rule: 0, Win: 5, kind: pushCur}}, pushes, "read once")
+}
+
 func TestTakeSettleRelease(t *testing.T) {
 	tb := newTestTable(t, true, 100)
 	assert.True(t, allow(t, tb, "k", 4, 5*w))
