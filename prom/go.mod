@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261123151834-8de9b228ae9e
+	github.com/hybridlimit/hybridlimit v0.0.0-20261123180225-df0c29b562f1
 	github.com/stretchr/testify v1.12.1
 )
 
