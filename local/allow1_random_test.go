@@ -52,13 +52,8 @@ func TestAllow1MatchesAllowRandomSets(t *testing.T) {
 		}
 		joinAt := rng.IntN(3000)
 		t.Run(fmt.Sprintf("%d/%v/%s/countDenied=%v", set, specs, mode, denied), func(t *testing.T) {
-			syncing, share := mode != "local", mode == "share"
-			rules := make([]Rule, len(specs))
-			for i, s := range specs {
-				rules[i] = NewRule(s)
-			}
-			o := Options{Rules: rules, MaxKeys: 100, Syncing: syncing, ReadPrev: 20 * ms, CountDenied: denied, Share: share, Seed: 7}
-			fast, slow := NewTable(o), NewTable(o)
+			syncing := mode != "local"
+			fast, slow := twinTables(specs, mode, denied)
 			now := int64(time.Hour) * (1 + rng.Int64N(400000))
 			fastStore, slowStore := map[syncedCounter]int64{}, map[syncedCounter]int64{}
 			nextSync := now

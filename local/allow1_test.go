@@ -33,13 +33,8 @@ func TestAllow1MatchesAllow(t *testing.T) {
 		for _, mode := range []string{"local", "syncing", "share"} {
 			for _, denied := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/%s/countDenied=%v", name, mode, denied), func(t *testing.T) {
-					syncing, share := mode != "local", mode == "share"
-					rules := make([]Rule, len(specs))
-					for i, s := range specs {
-						rules[i] = NewRule(s)
-					}
-					o := Options{Rules: rules, MaxKeys: 100, Syncing: syncing, ReadPrev: 20 * ms, CountDenied: denied, Share: share, Seed: 7}
-					fast, slow := NewTable(o), NewTable(o)
+					syncing := mode != "local"
+					fast, slow := twinTables(specs, mode, denied)
 					rng := rand.New(rand.NewPCG(1, uint64(len(name))))
 					now := int64(time.Hour)
 					fastHits := 0
@@ -76,6 +71,18 @@ func TestAllow1MatchesAllow(t *testing.T) {
 			}
 		}
 	}
+}
+
+// twinTables returns two tables of the rules specs in mode (local,
+// syncing or share), counting denied requests when denied: one for
+// Allow1, one for Allow.
+func twinTables(specs []Spec, mode string, denied bool) (fast, slow *Table) {
+	rules := make([]Rule, len(specs))
+	for i, s := range specs {
+		rules[i] = NewRule(s)
+	}
+	o := Options{Rules: rules, MaxKeys: 100, Syncing: mode != "local", ReadPrev: 20 * int64(time.Millisecond), CountDenied: denied, Share: mode == "share", Seed: 7}
+	return NewTable(o), NewTable(o)
 }
 
 // syncedCounter names a store counter in syncForTest's map.
