@@ -68,17 +68,11 @@ func scriptArgs(keys []string, argv []any) ([]any, int) {
 	return append(args, argv...), len(keys)
 }
 
-// scriptCommand is a command that carries a script call: its reply is read
-// by the command's type (any value, or an array of integers).
-type scriptCommand interface {
-	redis.Cmder
-}
-
 // execScript is exec with commands made by newCmd, whose type reads the
 // reply (a *redis.IntSliceCmd reads an array of integers into one []int64
 // without boxing each value), and args(i) giving item i's arguments as
 // scriptArgs does.
-func execScript[C scriptCommand](s *Redis, ctx context.Context, script luaScript, whole bool, items []int, args func(i int) ([]any, int), newCmd func(context.Context, ...any) C) []C {
+func execScript[C redis.Cmder](s *Redis, ctx context.Context, script luaScript, whole bool, items []int, args func(i int) ([]any, int), newCmd func(context.Context, ...any) C) []C {
 	cmds := make([]C, len(items))
 	argv := make([][]any, len(items))
 	nkeys := make([]int, len(items))
@@ -120,7 +114,7 @@ func execScript[C scriptCommand](s *Redis, ctx context.Context, script luaScript
 // script's text as body, or "evalsha" with its hash) with args (as
 // scriptArgs returns them, nkeys keys), as a command made by newCmd. It
 // sets the three first elements of args.
-func scriptCmd[C scriptCommand](ctx context.Context, pipe redis.Pipeliner, name, body string, args []any, nkeys int, newCmd func(context.Context, ...any) C) C {
+func scriptCmd[C redis.Cmder](ctx context.Context, pipe redis.Pipeliner, name, body string, args []any, nkeys int, newCmd func(context.Context, ...any) C) C {
 	args[0], args[1], args[2] = name, body, nkeys
 	cmd := newCmd(ctx, args...)
 	if nkeys > 0 {
@@ -147,7 +141,7 @@ func (e errNotReplicated) Error() string {
 
 // waited puts the calls of a pipeline in doubt when its WAIT did not see
 // want replicas: a failover could lose what they wrote.
-func waited[C scriptCommand](want int, wait *redis.Cmd, cmds []C) {
+func waited[C redis.Cmder](want int, wait *redis.Cmd, cmds []C) {
 	if wait == nil {
 		return
 	}

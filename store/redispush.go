@@ -19,10 +19,10 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 		}
 		return err
 	}
+	addrs := make([]string, len(batches)) // by batch: each lane writes its own
 	s.lanes(len(batches), func(i int) int { return batches[i].Group % s.o.Lanes }, func(items []int) {
 		sent := s.now()
 		var send []int
-		addrs := make([]string, len(batches))
 		// One breaker decision per server and call: a circuit that opens or
 		// half-opens during the call must not refuse an older batch of a
 		// group and let a newer one through, which the older one's marker
