@@ -39,12 +39,12 @@ func checkAsyncRules(field string, rules []Rule, syncRate time.Duration) error {
 		if r.Type != Log {
 			continue
 		}
-		// A Log rule counts in the store keys of a Bucketed rule of its
-		// window and buckets: both would count every request there.
-		b := logBuckets(r.Window, syncRate)
+		// ModeAsync counts a Log rule as a Bucketed rule of its window:
+		// it must not share another rule's store keys as that rule.
+		as := Rule{Type: Bucketed, Window: r.Window, Buckets: logBuckets(r.Window, syncRate)}
 		for j, o := range rules {
-			if o.Type == Bucketed && o.Window == r.Window && o.Buckets == b {
-				return fmt.Errorf("hybridlimit: %s[%d] is a Log rule of %v: in ModeAsync it counts in %d buckets, as %s[%d] (%v) does; use one rule per window and algorithm", field, i, r.Window, b, field, j, o)
+			if sameCounters(as, o) {
+				return fmt.Errorf("hybridlimit: %s[%d] is a Log rule of %v: in ModeAsync it counts in %d buckets, as %s[%d] (%v) does; use one rule per window and algorithm", field, i, r.Window, as.Buckets, field, j, o)
 			}
 		}
 	}
