@@ -86,13 +86,11 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 		dropped := t.stash(e, i, old-1, s.prevPending)
 		if id == old+1 {
 			s.prevPending, s.prevInflight = p+s.adj, s.inflight
+			e.prevReads |= (readFirst | readUntil) << i
 		} else {
 			dropped += t.stash(e, i, old, p+s.adj)
 			s.prevPending, s.prevInflight = 0, 0
-		}
-		e.prevReads &^= (readFirst | readUntil) << i
-		if id == old+1 {
-			e.prevReads |= (readFirst | readUntil) << i
+			e.prevReads &^= (readFirst | readUntil) << i
 		}
 		s.inflight, s.adj = 0, 0
 		t.addDropped(dropped)

@@ -125,9 +125,9 @@ type Table struct {
 	rule0  *Rule // &rules[0]
 	// fast selects Allow1's path: 1 for one Sliding or Fixed rule
 	// (decide1's), 3 for the same under the share policy, 4 for 2 to 4
-	// Sliding or Fixed rules (under the share policy too), 2 for other sets
-	// of up to 4 Sliding, Fixed or Buckets rules without the share policy
-	// (decide's), 0 for none.
+	// Sliding or Fixed rules (allowRules), 5 for the same under the share
+	// policy, 2 for other sets of up to 4 Sliding, Fixed or Buckets rules
+	// without the share policy (decide's), 0 for none.
 	fast    int
 	histOff []int // per rule: its first slot in Entry.hist (Buckets), followed by its sum slot
 	hist    int   // Entry.hist's length
