@@ -120,10 +120,10 @@ func TestFindComparesHashes(t *testing.T) {
 }
 
 // TestFindWhileGrowing looks up keys while another goroutine creates keys
-// in the same 8 shards, growing their slot arrays many times: a key created
-// before a lookup starts is always found.
+// in the same 8 shards, growing each one's slot array 4 times (16 slots to
+// 256): a key created before a lookup starts is always found.
 func TestFindWhileGrowing(t *testing.T) {
-	const keys = 5000
+	const keys = 8 * shardKeys
 	tb := NewTable(Options{Rules: []Rule{NewRule(Spec{Kind: Sliding, Limit: 10, Window: time.Second})}, MaxKeys: keys})
 	require.Len(t, tb.shards, 8)
 	name := func(i int) string { return fmt.Sprintf("key-%d", i) }
@@ -152,6 +152,9 @@ func TestFindWhileGrowing(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Equal(t, keys, tb.Len())
+	for i := range tb.shards {
+		assert.GreaterOrEqual(t, len(tb.shards[i].tab), 8*minSlots, "shard %d grew", i)
+	}
 }
 
 // TestStripesSpreadEntries checks that consecutive one-rule entries select

@@ -32,13 +32,18 @@ type Options struct {
 }
 
 // shardKeys is the number of keys per shard the table aims for at
-// MaxKeys, up to maxShards shards: a shard's slots grow by copying, which
-// blocks the creation of keys in that shard (not decisions on tracked
-// keys) for the length of the copy, so small shards keep a flood of new
-// keys from stalling decisions. A shard costs 64 bytes until its first key.
+// MaxKeys, up to maxShards shards: a shard's slots grow by copying into a
+// new array, which the decision that creates the key pays for (and which
+// blocks the creation of keys in that shard, not decisions on tracked
+// keys), so small shards keep a flood of new keys from stalling
+// decisions. At 128 keys a shard's array is at most 4 KB, one page of
+// memory to fault in; 1,024 keys per shard (32 KB arrays) gave a flood's
+// p99.9 decision about twice as long (docs/performance.md, "A flood of new
+// keys"). A shard costs 64 bytes until its first key: 512 KB at the
+// default MaxKeys.
 const (
-	shardKeys = 1 << 10
-	maxShards = 4 << 10
+	shardKeys = 1 << 7
+	maxShards = 32 << 10
 )
 
 // minSlots is the number of slots of a shard's first slot array.
