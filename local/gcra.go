@@ -19,7 +19,8 @@ package local
 // intervals: every denied request charges its cost, without end while a
 // client keeps retrying, so the arrival time saturates there (the key
 // stays denied; a retry in decades is as good as never) instead of
-// wrapping past the end of int64 into the past, which would admit.
+// wrapping past the end of int64 into the past, which would admit. The
+// stores of package store saturate their arrival times at the same point.
 //
 // The bound keeps every sum of the arrival-time arithmetic within int64.
 // With now in [0, 2^62) (1970 to 2116), an arrival time read from the
