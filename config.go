@@ -192,8 +192,10 @@ type Config struct {
 	FailurePolicy FailurePolicy
 
 	// CountDenied makes denied requests consume quota too (Kong's
-	// "penalty"): a client that keeps retrying stays denied. By default
-	// denied requests cost nothing.
+	// "penalty"): a client that keeps retrying stays denied. A
+	// TokenBucket's or LeakyBucket's debt grows with every denial, up to
+	// some 73 years (local.MaxAhead) ahead. By default denied requests
+	// cost nothing.
 	CountDenied bool
 
 	// MaxKeys bounds the keys tracked at once, 1 to 1<<31, default

@@ -279,7 +279,7 @@ func (t *Table) counts(e *Entry, i int, w word, win, el, now, n int64, buf []int
 	case GCRA, Leaky:
 		// The store's arrival time as last read, moved by this node's
 		// cost not yet in it.
-		ahead := max(c.prev.Load(), now) + cur*r.t - now
+		ahead := r.syncedAhead(c.prev.Load(), cur, now)
 		return Counts{Tat: ahead}, r.gcraAdmits(ahead, n), -1
 	}
 	prev := c.prev.Load()

@@ -108,7 +108,7 @@ func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 		case t.rules[p.Rule].kind == GCRA || t.rules[p.Rule].kind == Leaky:
 			// An arrival time (µs), which now holds what was pushed.
 			s.inflight -= p.Delta
-			c.prev.Store(totals[k] * 1000)
+			c.prev.Store(storedTat(totals[k]))
 			c.base.Store(s.inflight + s.adj)
 		case p.kind == pushCur && win == p.Win:
 			s.inflight -= p.Delta
@@ -270,7 +270,7 @@ func (t *Table) observeLocked(e *Entry, i int, now int64, c *Counts) {
 		}
 		return
 	case GCRA, Leaky:
-		ct.prev.Store(c.Tat + now)
+		ct.prev.Store(now + min(max(c.Tat, -now), MaxAhead))
 		if s != nil {
 			ct.base.Store(s.inflight + s.adj)
 		}

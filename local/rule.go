@@ -67,6 +67,7 @@ type Rule struct {
 	full   int64   // Sliding, Fixed: ns from a window's start until a count in it no longer weighs (resetAfter)
 	t      int64   // GCRA, Leaky: the emission interval, ns (whole µs)
 	burst  int64   // GCRA: bucket size; Leaky: queue size
+	owed   int64   // GCRA, Leaky: the most pending cost an arrival time counts, MaxAhead/t
 }
 
 // NewRule compiles s.
@@ -88,6 +89,7 @@ func NewRule(s Spec) Rule {
 		if r.burst < 1 {
 			r.burst = s.Limit
 		}
+		r.owed = MaxAhead / max(r.t, 1)
 	}
 	r.full = 2 * r.w
 	if r.fixed {

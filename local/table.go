@@ -90,9 +90,16 @@ type shard struct {
 // a larger one is never written again.
 var noSlots = make([]slot, 1)
 
-// tomb marks a removed entry's slot. Its key is empty, which no user key
-// is, so lookups pass over it.
-var tomb = new(Entry)
+// tomb marks a removed entry's slot, which keeps the removed key's hash.
+// Its key is empty, so a lookup of any other key fails at the length
+// compare. A lookup of "" (which the table does not forbid) matches it on
+// the hash when the removed key was "": slot.is then rejects it by address.
+// Its key's bytes start at tombKey, where no caller's string does, so that
+// the check is off the path of a key passed as the string the entry keeps.
+var (
+	tombKey byte
+	tomb    = &Entry{key: unsafe.String(&tombKey, 0)}
+)
 
 // lockStripes is the number of mutexes a table keeps for its entries: an
 // entry's mutex (Table.mu) is the one its address selects. An entry holds
@@ -264,10 +271,11 @@ func slotAt(arr *slot, i uint64) *slot {
 
 // is reports whether e is the entry of key, of hash h, which slot s holds
 // with its hash: the hashes first, then the keys, whose bytes it does not
-// read when both are the same string (the caller's, kept by the entry).
+// read when both are the same string (the caller's, kept by the entry). A
+// tombstone is no key's entry.
 func (s *slot) is(e *Entry, h uint64, key string) bool {
 	return s.h.Load() == h && len(e.key) == len(key) &&
-		(unsafe.StringData(e.key) == unsafe.StringData(key) || e.key == key)
+		(unsafe.StringData(e.key) == unsafe.StringData(key) || e.key == key && e != tomb)
 }
 
 // find returns the entry of key, of hash h, if any. It takes no lock

@@ -59,7 +59,7 @@ func (t *Table) charge(e *Entry, i int, n, now int64) {
 	if (r.kind == GCRA || r.kind == Leaky) && !t.syncing {
 		for {
 			tat := c.base.Load()
-			if c.base.CompareAndSwap(tat, max(tat, now)+n*r.t) {
+			if c.base.CompareAndSwap(tat, r.chargedTat(tat, n, now)) {
 				return
 			}
 		}

@@ -155,7 +155,7 @@ func (t *Table) view(e *Entry, i int, now, n int64) Counts {
 			return Counts{Tat: c.base.Load() - now}
 		}
 		w := word(c.word.Load())
-		return Counts{Tat: max(c.prev.Load(), now) + (c.base.Load()+w.count())*r.t - now}
+		return Counts{Tat: r.syncedAhead(c.prev.Load(), c.base.Load()+w.count(), now)}
 	}
 	id, el := WindowOf(now, r.w)
 	w := word(c.word.Load())

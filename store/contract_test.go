@@ -287,6 +287,36 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 			require.Equal(t, want, r.Allowed, "counts %v case %d: limit %d window %d fixed %v prev %d cur %d elapsed %dµs cost %d", r.Counts, i, limit, win, fixed, prev, cur, elapsed, cost)
 		}
 	})
+	t.Run("ArrivalTimesSaturate", func(t *testing.T) {
+		// CountDenied moves a bucket's arrival time on with every denied
+		// request, without bound: the store holds it at most
+		// local.MaxAhead past its now, where it neither wraps around nor
+		// loses precision (µs as a Lua number), and the key stays denied.
+		s, pfx := open(t)
+		slowest := local.NewRule(local.Spec{Kind: local.GCRA, Limit: 1, Window: 366 * 24 * time.Hour})
+		limit := int64(local.MaxAhead / 1000) // µs
+		c := store.CounterOf(&slowest, "", 0)
+		for i, d := range []int64{1 << 20, 1, 1 << 40, 5} {
+			before := time.Now().UnixMicro()
+			b := batch(s, pfx, "n", "owes", uint64(i+1), store.Op{Counter: c, Delta: d})
+			push(t, s, b)
+			after := time.Now().UnixMicro()
+			assert.GreaterOrEqual(t, b.Totals[0], before+limit-1000, "push %d of %d", i, d)
+			assert.LessOrEqual(t, b.Totals[0], after+limit, "push %d of %d", i, d)
+		}
+		// The synchronous mode's decisions charge the same way.
+		last := int64(0)
+		for i := range 400 {
+			r := newTake(pfx, "owes-sync", future, 1, false, true, slowest)
+			take(t, s, r)
+			require.Equal(t, i == 0, r.Allowed, "request %d", i)
+			tat := r.Counts[0].Tat
+			require.GreaterOrEqual(t, tat, last, "request %d", i)
+			require.LessOrEqual(t, tat, int64(local.MaxAhead), "request %d", i)
+			last = tat
+		}
+		assert.Equal(t, int64(local.MaxAhead/1000*1000), last)
+	})
 }
 
 // wr, fr and rk return a sliding or fixed rule of limit per window ms.

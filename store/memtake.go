@@ -10,16 +10,34 @@ import (
 // The memory store's arrival times, logs and synchronous decisions: the
 // same semantics as the Redis store's scripts (scripts.go).
 
+// maxAheadUs is local.MaxAhead in µs: how far past now an arrival time
+// runs at most.
+const maxAheadUs = local.MaxAhead / 1000
+
 // advance moves the arrival time key d intervals of rate µs past
-// max(itself, now µs) (d < 0 takes back) and returns it.
+// max(itself, now µs) (d < 0 takes back), at most maxAheadUs past now,
+// and returns it.
 func (s *Memory) advance(key string, d, rate, now int64) int64 {
 	tat := s.get(key, now/1000)
-	if d > 0 {
-		tat = max(tat, now)
+	step := d * rate // saturated at ±maxAheadUs
+	if rate > 0 && (d > maxAheadUs/rate || d < -maxAheadUs/rate) {
+		step = maxAheadUs
+		if d < 0 {
+			step = -maxAheadUs
+		}
 	}
-	tat += d * rate
+	if d > 0 {
+		tat = now + min(max(tat-now, 0)+step, maxAheadUs)
+	} else {
+		tat = max(tat+step, now-maxAheadUs) // an arrival time that far back holds nothing
+	}
 	s.m[key] = memCounter{v: tat, exp: max(tat, now)/1000 + 60_000}
 	return tat
+}
+
+// aheadNs returns tat − now (µs) in ns, within ±local.MaxAhead.
+func aheadNs(tat, now int64) int64 {
+	return min(max(tat-now, -maxAheadUs), maxAheadUs) * 1000
 }
 
 // log returns key's log, dropping it when expired.
@@ -88,7 +106,7 @@ func (s *Memory) take(r *TakeRequest, nowMs int64) {
 			c.Reset = int64(rule.Window())
 		case local.GCRA, local.Leaky:
 			tat := s.advance(CounterKey(r.Prefix, CounterOf(rule, r.Key, 0)), r.Cost, rule.Interval().Microseconds(), r.Now)
-			c.Tat = (tat - r.Now) * 1000
+			c.Tat = aheadNs(tat, r.Now)
 		default:
 			w, span := rule.Counter()
 			wus := w.Microseconds()
@@ -110,7 +128,7 @@ func (s *Memory) counts(r *TakeRequest, rule *local.Rule, nowMs int64) local.Cou
 		return s.logCounts(r, rule, nowMs)
 	case local.GCRA, local.Leaky:
 		tat := s.get(CounterKey(r.Prefix, CounterOf(rule, r.Key, 0)), nowMs)
-		return local.Counts{Tat: (tat - r.Now) * 1000}
+		return local.Counts{Tat: aheadNs(tat, r.Now)}
 	}
 	w, span := rule.Counter()
 	wus := w.Microseconds()

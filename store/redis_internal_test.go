@@ -91,3 +91,11 @@ func TestTakeArenaReuse(t *testing.T) {
 		a = takeArenas.Get().(*takeArena)
 	}
 }
+
+// The scripts saturate arrival times at local.MaxAhead, written in µs.
+func TestScriptsKnowMaxAhead(t *testing.T) {
+	want := fmt.Sprintf("local maxahead = %d\n", local.MaxAhead/1000)
+	for _, s := range []luaScript{pushScript, takeScript} {
+		assert.Contains(t, s.src, want)
+	}
+}

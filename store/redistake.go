@@ -415,7 +415,7 @@ func readTake(cmd *redis.IntSliceCmd, reqs []*TakeRequest) {
 			case local.Log:
 				c = local.Counts{Cur: next(), Expire: next() * 1000, Reset: next() * 1000}
 			default:
-				c = local.Counts{Tat: next() * 1000}
+				c = local.Counts{Tat: aheadNs(next(), 0)}
 			}
 			r.Counts[j] = c
 		}

@@ -26,9 +26,11 @@ func newScript(src string) luaScript { return luaScript{redis.NewScript(src), sr
 // A count the batch creates expires once no window counts it
 // (store.ExpireAt), computed from the window, span and id at the end of its
 // key. An arrival time (rate > 0) moves delta intervals past max(itself,
-// TIME) and expires a minute after it has passed.
+// TIME), at most local.MaxAhead past TIME (maxahead, µs), and expires a
+// minute after it has passed.
 var pushScript = newScript(`
 if redis.replicate_commands then redis.replicate_commands() end
+local maxahead = 2305843009213693
 local seq = tonumber(ARGV[1])
 local m = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local dup = m >= seq
@@ -52,7 +54,7 @@ for i = 2, #KEYS do
     end
     local tat = tonumber(call('GET', KEYS[i]) or '0') or 0
     if d > 0 and tat < now then tat = now end
-    tat = tat + d * rate
+    tat = math.min(math.max(tat + d * rate, now - maxahead), now + maxahead)
     call('SET', KEYS[i], tat, 'PX', math.floor(math.max(tat - now, 0) / 1000) + 60000)
     v = tat
   else
@@ -89,8 +91,12 @@ return out
 //	       sliding: cur, prev; fixed: cur; buckets: the counts; log: the
 //	       count, the wait until the request fits, until the newest
 //	       leaves; gcra: the arrival time minus now
+//
+// A decision moves an arrival time at most local.MaxAhead (maxahead, µs)
+// past now.
 var takeScript = newScript(`
 if redis.replicate_commands then redis.replicate_commands() end
+local maxahead = 2305843009213693
 local seq = tonumber(ARGV[1])
 local nreq, nrules = tonumber(ARGV[4]), tonumber(ARGV[5])
 local ra = 6
@@ -221,7 +227,7 @@ for q = 0, nreq - 1 do
         vals[i][1] = vals[i][1] + cost
         vals[i][3] = w[i]
       else
-        local tat = math.max(num(KEYS[kk]), now) + cost * w[i]
+        local tat = math.min(math.max(num(KEYS[kk]), now) + cost * w[i], now + maxahead)
         redis.call('SET', KEYS[kk], tat, 'PX', math.floor((tat - now) / 1000) + 60000)
         got[KEYS[kk]] = tat
         vals[i][1] = tat - now

@@ -1,0 +1,51 @@
+package hybridlimit
+
+import (
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// Under CountDenied a client that keeps retrying against a bucket owes
+// more with every denial and stays denied, in every mode: its arrival
+// time saturates decades ahead rather than wrapping into the past. The
+// slowest bucket there is (1 per MaxWindow) wraps int64 nanoseconds after
+// some 235 denials from 2026.
+func TestCountDeniedBucketNeverWraps(t *testing.T) {
+	for _, mode := range []Mode{ModeLocal, ModeAsync, ModeSynchronous} {
+		for _, algo := range []Algorithm{TokenBucket, LeakyBucket} {
+			t.Run(mode.String()+"/"+algo.String(), func(t *testing.T) {
+				mock := clock.NewMock()
+				mock.Set(t0)
+				cfg := Config{Mode: mode, CountDenied: true, Rules: []Rule{{Limit: 1, Window: MaxWindow, Type: algo}}, Clock: mock, Manual: true}
+				if mode != ModeLocal {
+					cfg.Store, cfg.ClockSync = store.NewMemory(mock), -1
+				}
+				l, err := New(cfg)
+				require.NoError(t, err)
+				ctx := t.Context()
+				t.Cleanup(func() { _ = l.Close(ctx) })
+				res, err := l.Allow(ctx, "k")
+				require.NoError(t, err)
+				require.True(t, res.Allowed)
+				last := time.Duration(1)
+				for i := range 1500 {
+					res, err := l.Allow(ctx, "k")
+					require.NoError(t, err)
+					require.False(t, res.Degraded, "request %d", i)
+					require.False(t, res.Allowed, "request %d admitted", i)
+					// The wait only grows, up to its saturation.
+					require.GreaterOrEqual(t, res.RetryAfter, last, "request %d", i)
+					last = res.RetryAfter
+					if i%100 == 99 && mode == ModeAsync {
+						require.NoError(t, l.Sync(ctx))
+					}
+				}
+			})
+		}
+	}
+}
