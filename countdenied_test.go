@@ -49,3 +49,34 @@ func TestCountDeniedBucketNeverWraps(t *testing.T) {
 		}
 	}
 }
+
+// A bucket that CountDenied has put in debt beyond its burst reports
+// Remaining 0, not a negative cost (which HTTP headers would show), in
+// every mode, for the denied requests and for Peek.
+func TestCountDeniedBucketRemainingNeverNegative(t *testing.T) {
+	for _, mode := range []Mode{ModeLocal, ModeAsync, ModeSynchronous} {
+		for _, algo := range []Algorithm{TokenBucket, LeakyBucket} {
+			t.Run(mode.String()+"/"+algo.String(), func(t *testing.T) {
+				mock := clock.NewMock()
+				mock.Set(t0)
+				cfg := Config{Mode: mode, CountDenied: true, Rules: []Rule{{Limit: 2, Window: time.Second, Type: algo}}, Clock: mock, Manual: true}
+				if mode != ModeLocal {
+					cfg.Store, cfg.ClockSync = store.NewMemory(mock), -1
+				}
+				l, err := New(cfg)
+				require.NoError(t, err)
+				ctx := t.Context()
+				t.Cleanup(func() { _ = l.Close(ctx) })
+				for i := range 6 {
+					res, err := l.Allow(ctx, "k")
+					require.NoError(t, err)
+					require.Equal(t, i < 2, res.Allowed, "request %d", i)
+					require.GreaterOrEqual(t, res.Remaining, int64(0), "request %d: %+v", i, res)
+					res, err = l.Peek(ctx, "k")
+					require.NoError(t, err)
+					require.GreaterOrEqual(t, res.Remaining, int64(0), "peek after request %d: %+v", i, res)
+				}
+			})
+		}
+	}
+}

@@ -65,7 +65,7 @@ func (r *Rule) gcraAdmits(ahead, n int64) bool {
 // now and how long until the bucket is back to its full size.
 func (r *Rule) gcraLevel(ahead int64) (remaining, reset int64) {
 	ahead = max(ahead, 0)
-	return (r.burst*r.t - ahead) / r.t, ahead
+	return max(r.burst*r.t-ahead, 0) / r.t, ahead
 }
 
 // gcraRetry returns how long until a request of cost n fits when TAT − now
