@@ -15,8 +15,8 @@ import (
 // FuzzConfig builds a Config from arbitrary fields (two rules, the mode,
 // policies, bounds, a ban policy) and checks that New never panics and
 // either returns an error naming a Config field or a limiter whose
-// decisions, with an arbitrary key, cost and passage of time, never panic
-// and keep their figures in range. Its seeds run with the normal tests; to
+// decisions and State, with an arbitrary key, cost and passage of time,
+// never panic and keep their figures in range. Its seeds run with the normal tests; to
 // fuzz:
 //
 //	go test -run '^$' -fuzz FuzzConfig -fuzztime 60s .
@@ -128,8 +128,14 @@ func FuzzConfig(f *testing.F) {
 			check("AllowN", res, err)
 			res, err = l.Peek(ctx, key)
 			check("Peek", res, err)
-			if _, err := l.State(ctx, key, nil); err != nil && !errors.Is(err, ErrEmptyKey) && !errors.Is(err, ErrKeyTooLong) {
+			states, err := l.State(ctx, key, nil)
+			if err != nil && !errors.Is(err, ErrEmptyKey) && !errors.Is(err, ErrKeyTooLong) {
 				t.Fatalf("State: %v", err)
+			}
+			for _, st := range states {
+				if st.Remaining < 0 || st.Remaining > most || st.ResetAfter < 0 {
+					t.Fatalf("State: rule %d out of range: %+v", st.Rule, st)
+				}
 			}
 			if cfg.Mode == ModeAsync {
 				if err := l.Sync(ctx); err != nil {
