@@ -21,7 +21,9 @@ func newScript(src string) luaScript { return luaScript{redis.NewScript(src), sr
 //	ARGV: seq, marker TTL (ms), then per op: delta, rate (µs; 0 for a
 //	      window's count)
 //	reply: applied before (0 or 1), then per op the counter's value, or
-//	an error for a counter that holds something other than an integer
+//	an error for a counter that holds something other than an integer of
+//	magnitude below 2^53 (a foreign value, which the op leaves as it is;
+//	the batch's other ops are applied)
 //
 // A count the batch creates expires once no window counts it
 // (store.ExpireAt), computed from the window, span and id at the end of its
@@ -37,25 +39,37 @@ local dup = m >= seq
 local out = {dup and 1 or 0}
 local now
 local call, pcall = redis.call, redis.pcall
+-- read returns a counter's value, or an error (a table) when the key holds
+-- something else than an integer below 2^53 in magnitude: a foreign value
+-- fails its own op, never the script, which would leave the ops before it
+-- applied and the batch reported failed.
+local function read(key)
+  local s = pcall('GET', key)
+  if not s then return 0 end
+  if type(s) == 'table' then return s end
+  local v = tonumber(s)
+  if v and v % 1 == 0 and v < 9007199254740992 and v > -9007199254740992 then return v end
+  return {err = 'counter holds a value that is not an integer'}
+end
 for i = 2, #KEYS do
   -- The delta goes to INCRBY as the string it came as: a Lua number would
   -- be formatted back into one, which costs more than the INCRBY.
   local ds, rs = ARGV[2 * i - 1], ARGV[2 * i]
   local v
   if dup or ds == '0' then
-    local s = call('GET', KEYS[i])
-    v = tonumber(s or '0')
-    if v == nil then v = {err = 'counter holds a value that is not an integer'} end
+    v = read(KEYS[i])
   elseif rs ~= '0' then
     local d, rate = tonumber(ds), tonumber(rs)
     if not now then
       local t = call('TIME')
       now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     end
-    local tat = tonumber(call('GET', KEYS[i]) or '0') or 0
-    if d > 0 and tat < now then tat = now end
-    tat = math.min(math.max(tat + d * rate, now - maxahead), now + maxahead)
-    call('SET', KEYS[i], tat, 'PX', math.floor(math.max(tat - now, 0) / 1000) + 60000)
+    local tat = read(KEYS[i])
+    if type(tat) == 'number' then
+      if d > 0 and tat < now then tat = now end
+      tat = math.min(math.max(tat + d * rate, now - maxahead), now + maxahead)
+      call('SET', KEYS[i], tat, 'PX', math.floor(math.max(tat - now, 0) / 1000) + 60000)
+    end
     v = tat
   else
     v = pcall('INCRBY', KEYS[i], ds)
