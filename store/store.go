@@ -181,6 +181,13 @@ type TakeRequest struct {
 // circuit breaker is open), and by wrappers (the simulation's outage).
 var ErrUnavailable = errors.New("store unavailable")
 
+// ErrForeign is wrapped by the error of a TakeRequest that a store did not
+// decide because one of its counters holds a value the library did not
+// write there (in Redis: a string that is not an integer, an integer out of
+// range, a log that is not a list of numbers). The request changed nothing;
+// the others of the same Take are decided.
+var ErrForeign = errors.New("a counter holds a foreign value")
+
 // ExpireAt returns when the counter of window id (size window ms, counted
 // in span windows) can go, in Unix milliseconds: once no window counts it
 // any more (Sliding: after the next window, when it stops being anyone's
