@@ -2,6 +2,7 @@ package hybridlimit_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -83,3 +84,50 @@ func TestFaultForeignCounterSynchronous(t *testing.T) {
 	}
 }
 
+// In ModeAsync, a key whose counter in Redis holds a foreign value (here a
+// hash) cannot be counted in the store: its increments stay on the node,
+// which goes on limiting the key on its own counts (and the totals it
+// last saw), reports the error, and counts them in Close's error; the
+// other keys of the same batches are pushed and counted once.
+func TestFaultForeignCounterAsync(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := context.Background()
+	pfx := redistest.Prefix(t)
+	const limit = 20
+	var errs atomic.Int64
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Mode: hybridlimit.ModeAsync, Store: storetest.Redis(t, c), Prefix: pfx, SyncRate: 5 * time.Millisecond,
+		Rules:   []hybridlimit.Rule{{Limit: limit, Window: time.Hour, Type: hybridlimit.Fixed}},
+		OnError: func(error) { errs.Add(1) },
+	})
+	require.NoError(t, err)
+	id := time.Now().UnixMilli() / time.Hour.Milliseconds()
+	for _, i := range []int64{id, id + 1} {
+		key := store.CounterKey(pfx, store.Counter{Key: "bad", Window: time.Hour.Milliseconds(), ID: i})
+		require.NoError(t, c.HSet(ctx, key, "f", "v").Err())
+	}
+	admitted := map[string]int{}
+	for range 3 * limit {
+		for _, key := range []string{"bad", "good"} {
+			res, err := l.Allow(ctx, key)
+			require.NoError(t, err)
+			if res.Allowed {
+				admitted[key]++
+			}
+		}
+		time.Sleep(2 * time.Millisecond) // several sync cycles
+	}
+	assert.Equal(t, limit, admitted["good"])
+	assert.Equal(t, limit, admitted["bad"], "the node's own counts still limit the key")
+	assert.Positive(t, errs.Load(), "the foreign counter is reported")
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = l.Close(cctx)
+	require.ErrorIs(t, err, store.ErrForeign)
+	assert.Less(t, time.Since(start), time.Second, "Close does not retry what the store refuses")
+	assert.Contains(t, err.Error(), fmt.Sprintf("%d increments of 1 keys", limit), "Close counts what the store could not take")
+	v, err := c.Get(ctx, store.CounterKey(pfx, store.Counter{Key: "good", Window: time.Hour.Milliseconds(), ID: id})).Int64()
+	require.NoError(t, err)
+	assert.Equal(t, int64(limit), v, "the other key is counted once")
+}

@@ -95,9 +95,15 @@ func TestRedisPushForeignCounter(t *testing.T) {
 					require.NoError(t, s.Push(ctx, []*store.Batch{b}))
 					assert.Equal(t, int64(seq), getInt(t, c, good), "cycle %d: each increment applied once", seq)
 					require.Equal(t, store.Applied, b.Status, "cycle %d: %v", seq, b.Err)
-					require.Error(t, b.Err, "the foreign counter is reported")
+					require.ErrorIs(t, b.Err, store.ErrForeign, "the foreign counter is reported")
+					assert.Equal(t, []bool{false, true, false}, b.Refused, "cycle %d", seq)
 					assert.Equal(t, []int64{int64(seq), 0, int64(seq)}, b.Totals, "cycle %d", seq)
 				}
+				// The same Batch, reused for a clean push: nothing refused.
+				b := batch(s, pfx, "n", "bad", 4, op(w, id, 1))
+				b.Refused = []bool{true}
+				push(t, s, b)
+				assert.Empty(t, b.Refused)
 				if kind == "hash" || kind == "list" {
 					typ, err := c.Type(ctx, badKey).Result()
 					require.NoError(t, err)

@@ -135,6 +135,12 @@ type Batch struct {
 	// current value, for a batch applied before). Push allocates it when
 	// its length is not len(Ops).
 	Totals []int64
+	// Refused, when Push sets it (length len(Ops)), marks the ops of an
+	// applied batch that the store refused because their counter holds a
+	// value the library did not write (ErrForeign, in Err): a refused op
+	// changed nothing and its Total means nothing; the batch's other ops
+	// are applied. Push empties it when no op was refused.
+	Refused []bool
 	// Status is what became of the batch.
 	Status Status
 	// Err says why the batch failed or is in doubt.
@@ -184,8 +190,10 @@ var ErrUnavailable = errors.New("store unavailable")
 // ErrForeign is wrapped by the error of a TakeRequest that a store did not
 // decide because one of its counters holds a value the library did not
 // write there (in Redis: a string that is not an integer, an integer out of
-// range, a log that is not a list of numbers). The request changed nothing;
-// the others of the same Take are decided.
+// range, a log that is not a list of numbers), and by a Batch's Err when
+// the store refused some of its ops for that reason (Batch.Refused). The
+// request, or the op, changed nothing; the others of the same Take or
+// Batch are applied.
 var ErrForeign = errors.New("a counter holds a foreign value")
 
 // ExpireAt returns when the counter of window id (size window ms, counted

@@ -70,6 +70,7 @@ type Loop struct {
 
 	mu       sync.Mutex // one cycle at a time; guards the fields below
 	flushing bool
+	refusal  error // the final flush: why the store refused some ops
 	seq      uint64
 	doubt    []*batch       // batches in doubt, in the order they were first sent
 	entries  []owned        // one chunk being sent
