@@ -113,3 +113,26 @@ func TestRedisPushForeignCounter(t *testing.T) {
 		}
 	}
 }
+
+// A batch's identity is its Node, Group and Seq. A node that starts again
+// under the identity of a node that pushed before it, counting Seq from 1
+// again, has its batches taken for ones applied before, and dropped, until
+// its Seq passes the old marker or the marker expires: a Node must not be
+// reused (the limiter draws a random one per Limiter). A new Node is
+// applied from its first batch.
+func TestRedisPushNodeReuse(t *testing.T) {
+	c := redistest.Client(t)
+	s := storetest.Redis(t, c)
+	pfx := redistest.Prefix(t)
+	const w = 60_000
+	id := future / w
+	for seq := uint64(1); seq <= 5; seq++ {
+		push(t, s, batch(s, pfx, "old", "k", seq, op(w, id, 1)))
+	}
+	again := batch(s, pfx, "old", "k", 1, op(w, id, 1))
+	push(t, s, again)
+	assert.Equal(t, []int64{5}, again.Totals, "the same Node and Seq: a duplicate, not applied")
+	fresh := batch(s, pfx, "new", "k", 1, op(w, id, 1))
+	push(t, s, fresh)
+	assert.Equal(t, []int64{6}, fresh.Totals, "a new Node's first batch is applied")
+}

@@ -119,12 +119,17 @@ type Batch struct {
 	// Prefix namespaces the counters (hybridlimit.Config.Prefix).
 	Prefix string
 	// Node identifies the pushing limiter; with Group it names the marker
-	// that makes the batch at-most-once.
+	// that makes the batch at-most-once. It must never be reused by
+	// another pusher, nor by a restarted one counting Seq again: the store
+	// would take its batches for ones it applied before and drop them,
+	// until the old marker expires (the limiter draws a random Node per
+	// Limiter).
 	Node string
 	// Group is the group of every op's key (see Store.Group).
 	Group int
 	// Seq is greater than the Seq of every earlier batch of this Node and
-	// Group.
+	// Group, and below 2^53 (the Redis scripts compare it as a Lua number;
+	// the sync loop counts from 1, one per batch).
 	Seq uint64
 	// Ops are the operations, in order.
 	Ops []Op
