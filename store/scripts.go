@@ -184,6 +184,7 @@ local function num(key)
 end
 local out = {status}
 local bits = {}
+local added = {} -- the counts a request added, to take back
 local k = 2
 for q = 0, nreq - 1 do
   local cost, flags, now = tonumber(ARGV[rb + 3 * q]), tonumber(ARGV[rb + 3 * q + 1]), tonumber(ARGV[rb + 3 * q + 2])
@@ -245,7 +246,7 @@ for q = 0, nreq - 1 do
     -- The counts first, the only writes that can fail (a hash or list
     -- reads as absent, an INCRBY can overflow): one that does takes back
     -- the request's others, and the request changes nothing.
-    local added = {}
+    local na = 0
     kk = k
     for i = 1, nrules do
       local kd = kind[i]
@@ -254,11 +255,12 @@ for q = 0, nreq - 1 do
         if kd == 2 then key, sp = KEYS[kk + span[i] - 1], span[i] end
         local v = redis.pcall('INCRBY', key, cost)
         if type(v) ~= 'number' then
-          for _, a in ipairs(added) do got[a] = redis.call('INCRBY', a, -cost) end
+          for j = 1, na do got[added[j]] = redis.call('INCRBY', added[j], -cost) end
           ok = 2
           break
         end
-        added[#added + 1] = key
+        na = na + 1
+        added[na] = key
         got[key] = v
         if v == cost then
           local wms = w[i] / 1000
