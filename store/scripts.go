@@ -73,7 +73,10 @@ for i = 2, #KEYS do
     v = tat
   else
     v = pcall('INCRBY', KEYS[i], ds)
-    if v == tonumber(ds) then
+    if type(v) == 'number' and (v >= 9007199254740992 or v <= -9007199254740992) then
+      call('DECRBY', KEYS[i], ds) -- a foreign count: leave it as it was
+      v = {err = 'counter holds an integer out of range'}
+    elseif v == tonumber(ds) then
       local w, span, id = string.match(KEYS[i], ':(%d+)x?(%d*):(%-?%d+)$')
       local sp = tonumber(span) or 1
       call('PEXPIREAT', KEYS[i], (tonumber(id) + 1 + sp) * tonumber(w) + 60000)
