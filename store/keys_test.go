@@ -58,6 +58,59 @@ func FuzzCounterKey(f *testing.F) {
 	})
 }
 
+// redisSlot is Redis Cluster's hash slot of a whole key, as the server
+// computes it: the part between the first '{' and the first '}' after it
+// when that part is not empty, the whole key otherwise.
+func redisSlot(key string) int {
+	if s := strings.IndexByte(key, '{'); s >= 0 {
+		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
+			key = key[s+1 : s+1+e]
+		}
+	}
+	return int(crc16([]byte(key)) % Slots)
+}
+
+// Whatever bytes a user key holds ('{', '}', ':', NUL, invalid UTF-8),
+// and whatever a counter's numbers, every key the store writes for it is
+// in the slot Slot reports (the server's hash tag is the encoded user key,
+// never a part of it nor of the prefix), no two user keys share a key,
+// and a log's key is never a counter's.
+func FuzzKeySlots(f *testing.F) {
+	for _, k := range []string{"a", "{", "}", "{}", "}{", "a{b}c", "{a}:{b}", "\x00{\xff}", strings.Repeat("{x}", 40)} {
+		f.Add(k, k+"}", "hl", int64(1000), int64(5), int64(1), int64(0))
+	}
+	f.Add("a", "b", "p-1", int64(31_622_400_000), int64(-1), int64(64), int64(1000))
+	f.Fuzz(func(t *testing.T, a, b, prefix string, w, id, span, rate int64) {
+		if a == "" || b == "" || prefix == "" || len(prefix) > 64 || strings.ContainsAny(prefix, "{}:") {
+			return // keys are not empty; Config refuses such prefixes
+		}
+		c := Counter{Key: a, Window: w, ID: id, Span: span}
+		if rate > 0 {
+			c = Counter{Key: a, Rate: rate, Burst: span}
+		}
+		cb := c
+		cb.Key = b
+		ka, kb := CounterKey(prefix, c), CounterKey(prefix, cb)
+		la, lb := LogKey(prefix, a), LogKey(prefix, b)
+		slot := Slot(a)
+		for _, k := range []string{ka, la} {
+			if got := redisSlot(k); got != slot {
+				t.Fatalf("key %q of %q: Redis hashes it to slot %d, Slot says %d", k, a, got, slot)
+			}
+		}
+		if (a == b) != (ka == kb) || (a == b) != (la == lb) {
+			t.Fatalf("keys %q and %q: counters %q and %q, logs %q and %q", a, b, ka, kb, la, lb)
+		}
+		if la == kb || lb == ka {
+			t.Fatalf("a log and a counter share a key: %q %q %q %q", la, lb, ka, kb)
+		}
+		mk := markerKey(prefix, 'm', slot, "node")
+		if redisSlot(mk) != slot || mk == ka || mk == la {
+			t.Fatalf("marker %q of slot %d: slot %d, counter %q, log %q", mk, slot, redisSlot(mk), ka, la)
+		}
+	})
+}
+
 // The slots agree with Redis Cluster's: CRC-16/XMODEM's check value, and
 // the slots Redis documents.
 func TestSlots(t *testing.T) {

@@ -188,11 +188,12 @@ func (s *Memory) logPush(r *TakeRequest, nowMs int64) {
 	if len(l.ts) > 0 {
 		at = max(at, l.ts[0]) // newest first, whatever order the nodes' instants arrive in
 	}
-	for range r.Cost {
-		l.ts = append([]int64{at}, l.ts...)
+	// The newest keep instants: min(Cost, keep) new ones, then the old.
+	n := min(r.Cost, keep)
+	ts := make([]int64, n, n+min(int64(len(l.ts)), keep-n))
+	for i := range ts {
+		ts[i] = at
 	}
-	if int64(len(l.ts)) > keep {
-		l.ts = l.ts[:keep]
-	}
+	l.ts = append(ts, l.ts[:min(int64(len(l.ts)), keep-n)]...)
 	l.exp = nowMs + longest.Milliseconds()
 }

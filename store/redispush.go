@@ -102,20 +102,27 @@ func (s *Redis) readPush(cmd *redis.Cmd, b *Batch) {
 		b.Status, b.Err = Applied, fmt.Errorf("store: redis push: %w", err)
 		b.Totals = resize(b.Totals, len(b.Ops))
 		clear(b.Totals)
+		b.Refused = b.Refused[:0]
 		return
 	}
 	b.Status, b.Err = Applied, nil
 	b.Totals = resize(b.Totals, len(b.Ops))
+	b.Refused = b.Refused[:0]
 	for j := range b.Ops {
 		switch v := vals[1+j].(type) {
 		case int64:
 			b.Totals[j] = v
+			continue
 		case error:
-			b.Totals[j] = 0
-			b.Err = fmt.Errorf("store: redis counter %q: %w", CounterKey(b.Prefix, b.Ops[j].Counter), v)
+			b.Err = fmt.Errorf("store: redis counter %q: %w: %w", CounterKey(b.Prefix, b.Ops[j].Counter), ErrForeign, v)
 		default:
-			b.Totals[j] = 0
 			b.Err = fmt.Errorf("store: redis counter %q: the push script replied %T, want an integer", CounterKey(b.Prefix, b.Ops[j].Counter), v)
 		}
+		b.Totals[j] = 0
+		if len(b.Refused) == 0 {
+			b.Refused = resize(b.Refused, len(b.Ops))
+			clear(b.Refused)
+		}
+		b.Refused[j] = true
 	}
 }

@@ -396,7 +396,8 @@ func readTake(cmd *redis.IntSliceCmd, reqs []*TakeRequest) {
 	}
 	for _, r := range reqs {
 		r.Counts = resize(r.Counts, len(r.Rules))
-		r.Allowed = next() == 1
+		allowed := next()
+		r.Allowed = allowed == 1
 		for j := range r.Rules {
 			rule := &r.Rules[j]
 			w, span := rule.Counter()
@@ -420,6 +421,9 @@ func readTake(cmd *redis.IntSliceCmd, reqs []*TakeRequest) {
 			r.Counts[j] = c
 		}
 		r.Status, r.Err = Applied, nil
+		if allowed == 2 {
+			r.Status, r.Err = Failed, fmt.Errorf("store: redis take of key %q: %w", r.Key, ErrForeign)
+		}
 	}
 	if at != len(vals) {
 		fail(InDoubt, fmt.Errorf("store: redis take script replied %d values, want %d", len(vals), at))

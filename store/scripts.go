@@ -21,7 +21,9 @@ func newScript(src string) luaScript { return luaScript{redis.NewScript(src), sr
 //	ARGV: seq, marker TTL (ms), then per op: delta, rate (µs; 0 for a
 //	      window's count)
 //	reply: applied before (0 or 1), then per op the counter's value, or
-//	an error for a counter that holds something other than an integer
+//	an error for a counter that holds something other than an integer of
+//	magnitude below 2^53 (a foreign value, which the op leaves as it is;
+//	the batch's other ops are applied)
 //
 // A count the batch creates expires once no window counts it
 // (store.ExpireAt), computed from the window, span and id at the end of its
@@ -37,29 +39,44 @@ local dup = m >= seq
 local out = {dup and 1 or 0}
 local now
 local call, pcall = redis.call, redis.pcall
+-- read returns a counter's value, or an error (a table) when the key holds
+-- something else than an integer below 2^53 in magnitude: a foreign value
+-- fails its own op, never the script, which would leave the ops before it
+-- applied and the batch reported failed.
+local function read(key)
+  local s = pcall('GET', key)
+  if not s then return 0 end
+  if type(s) == 'table' then return s end
+  local v = tonumber(s)
+  if v and v % 1 == 0 and v < 9007199254740992 and v > -9007199254740992 then return v end
+  return {err = 'counter holds a value that is not an integer'}
+end
 for i = 2, #KEYS do
   -- The delta goes to INCRBY as the string it came as: a Lua number would
   -- be formatted back into one, which costs more than the INCRBY.
   local ds, rs = ARGV[2 * i - 1], ARGV[2 * i]
   local v
   if dup or ds == '0' then
-    local s = call('GET', KEYS[i])
-    v = tonumber(s or '0')
-    if v == nil then v = {err = 'counter holds a value that is not an integer'} end
+    v = read(KEYS[i])
   elseif rs ~= '0' then
     local d, rate = tonumber(ds), tonumber(rs)
     if not now then
       local t = call('TIME')
       now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     end
-    local tat = tonumber(call('GET', KEYS[i]) or '0') or 0
-    if d > 0 and tat < now then tat = now end
-    tat = math.min(math.max(tat + d * rate, now - maxahead), now + maxahead)
-    call('SET', KEYS[i], tat, 'PX', math.floor(math.max(tat - now, 0) / 1000) + 60000)
+    local tat = read(KEYS[i])
+    if type(tat) == 'number' then
+      if d > 0 and tat < now then tat = now end
+      tat = math.min(math.max(tat + d * rate, now - maxahead), now + maxahead)
+      call('SET', KEYS[i], tat, 'PX', math.floor(math.max(tat - now, 0) / 1000) + 60000)
+    end
     v = tat
   else
     v = pcall('INCRBY', KEYS[i], ds)
-    if v == tonumber(ds) then
+    if type(v) == 'number' and (v >= 9007199254740992 or v <= -9007199254740992) then
+      call('DECRBY', KEYS[i], ds) -- a foreign count: leave it as it was
+      v = {err = 'counter holds an integer out of range'}
+    elseif v == tonumber(ds) then
       local w, span, id = string.match(KEYS[i], ':(%d+)x?(%d*):(%-?%d+)$')
       local sp = tonumber(span) or 1
       call('PEXPIREAT', KEYS[i], (tonumber(id) + 1 + sp) * tonumber(w) + 60000)
@@ -87,13 +104,19 @@ return out
 //	      entry no longer counts after it); then per request: cost, flags
 //	      (1 peek, 2 count denied), now
 //	reply: status (0 decided, 1 decided before, 2 past the deadline,
-//	       3 outcome lost), then per request: allowed, then per rule:
+//	       3 outcome lost), then per request: allowed (2: not decided, a
+//	       counter or log holds a foreign value), then per rule:
 //	       sliding: cur, prev; fixed: cur; buckets: the counts; log: the
 //	       count, the wait until the request fits, until the newest
 //	       leaves; gcra: the arrival time minus now
 //
 // A decision moves an arrival time at most local.MaxAhead (maxahead, µs)
-// past now.
+// past now. A request whose counters or log hold something the script
+// cannot count on (a string that is not an integer of magnitude below
+// 2^53, a log that is not a list of numbers, a counter INCRBY refuses) is
+// not decided and changes nothing; the other requests of the call are
+// decided. A hash or list at a counter reads as absent (MGET): a decision
+// that only reads it, or an arrival time, which SET replaces, treats it so.
 var takeScript = newScript(`
 if redis.replicate_commands then redis.replicate_commands() end
 local maxahead = 2305843009213693
@@ -124,12 +147,21 @@ end
 -- Every counter of the call (not the logs) is read by MGET at once, a
 -- command per 256 keys rather than per key, into got, which the call's
 -- writes keep current.
-local got = {}
+local got, bad = {}, {}
 local function fetch(list, from, to)
   for a = from, to, 256 do
     local b = math.min(a + 255, to)
     local v = redis.call('MGET', unpack(list, a, b))
-    for j = 1, b - a + 1 do got[list[a + j - 1]] = tonumber(v[j] or '0') or 0 end
+    for j = 1, b - a + 1 do
+      local s, x = v[j], 0
+      if s then
+        x = tonumber(s)
+        if not x or x % 1 ~= 0 or x >= 9007199254740992 or x <= -9007199254740992 then
+          bad[list[a + j - 1]], x = true, 0
+        end
+      end
+      got[list[a + j - 1]] = x
+    end
   end
 end
 local haslog = false
@@ -148,9 +180,14 @@ else
   end
   fetch(list, 1, #list)
 end
-local function num(key) return got[key] end
+local failed
+local function num(key)
+  if bad[key] then failed = true end
+  return got[key]
+end
 local out = {status}
 local bits = {}
+local added = {} -- the counts a request added, to take back
 local k = 2
 for q = 0, nreq - 1 do
   local cost, flags, now = tonumber(ARGV[rb + 3 * q]), tonumber(ARGV[rb + 3 * q + 1]), tonumber(ARGV[rb + 3 * q + 2])
@@ -158,6 +195,7 @@ for q = 0, nreq - 1 do
   local ok = 1
   local vals = {}
   local kk = k
+  failed = false
   for i = 1, nrules do
     local kd, L = kind[i], limit[i]
     if kd == 0 or kd == 1 then
@@ -178,17 +216,23 @@ for q = 0, nreq - 1 do
     elseif kd == 3 then
       local key = KEYS[kk]
       local since = now - w[i]
-      local lo, hi = 0, redis.call('LLEN', key)
+      local lo, hi = 0, redis.pcall('LLEN', key)
+      local expire, reset = 0, 0
+      if type(hi) ~= 'number' then failed, hi = true, 0 end
       while lo < hi do
         local mid = math.floor((lo + hi) / 2)
-        if tonumber(redis.call('LINDEX', key, mid)) > since then lo = mid + 1 else hi = mid end
+        local x = tonumber(redis.call('LINDEX', key, mid))
+        if not x then failed, hi = true, lo elseif x > since then lo = mid + 1 else hi = mid end
       end
-      local expire, reset = 0, 0
-      if lo + cost > L then
+      if lo + cost > L and not failed then
         ok = 0
-        expire = tonumber(redis.call('LINDEX', key, L - cost)) + w[i] - now
+        local x = tonumber(redis.call('LINDEX', key, L - cost))
+        if x then expire = x + w[i] - now else failed = true end
       end
-      if lo > 0 then reset = tonumber(redis.call('LINDEX', key, 0)) + w[i] - now end
+      if lo > 0 and not failed then
+        local x = tonumber(redis.call('LINDEX', key, 0))
+        if x then reset = x + w[i] - now else failed = true end
+      end
       vals[i] = {lo, expire, reset}
     else
       local tat = num(KEYS[kk])
@@ -199,26 +243,47 @@ for q = 0, nreq - 1 do
   end
   if done then
     ok = tonumber(string.sub(done, q + 1, q + 1)) or 0
+  elseif failed then
+    ok = 2
   elseif not peek and (ok == 1 or penalty) then
-    local logged = false
+    -- The counts first, the only writes that can fail (a hash or list
+    -- reads as absent, an INCRBY can overflow): one that does takes back
+    -- the request's others, and the request changes nothing.
+    local na = 0
     kk = k
     for i = 1, nrules do
       local kd = kind[i]
       if kd <= 2 then
         local key, sp = KEYS[kk], 1
         if kd == 2 then key, sp = KEYS[kk + span[i] - 1], span[i] end
-        local v = redis.call('INCRBY', key, cost)
+        local v = redis.pcall('INCRBY', key, cost)
+        if type(v) ~= 'number' then
+          for j = 1, na do got[added[j]] = redis.call('INCRBY', added[j], -cost) end
+          ok = 2
+          break
+        end
+        na = na + 1
+        added[na] = key
         got[key] = v
         if v == cost then
           local wms = w[i] / 1000
           redis.call('PEXPIREAT', key, (math.floor(now / w[i]) + 1 + sp) * wms + 60000)
         end
         if kd == 2 then vals[i][sp] = v else vals[i][1] = v end
+      end
+      kk = kk + nkeys[i]
+    end
+    local logged = false
+    kk = k
+    for i = 1, nrules do
+      local kd = kind[i]
+      if kd <= 2 or ok == 2 then
+        -- counted above, or not at all
       elseif kd == 3 then
         if not logged then
           local key, at = KEYS[kk], now
-          local head = redis.call('LINDEX', key, 0)
-          if head and tonumber(head) > at then at = tonumber(head) end
+          local head = tonumber(redis.call('LINDEX', key, 0))
+          if head and head > at then at = head end
           for _ = 1, cost do redis.call('LPUSH', key, at) end
           redis.call('LTRIM', key, 0, span[i] - 1)
           redis.call('PEXPIRE', key, math.floor(longlog[i] / 1000))

@@ -119,12 +119,17 @@ type Batch struct {
 	// Prefix namespaces the counters (hybridlimit.Config.Prefix).
 	Prefix string
 	// Node identifies the pushing limiter; with Group it names the marker
-	// that makes the batch at-most-once.
+	// that makes the batch at-most-once. It must never be reused by
+	// another pusher, nor by a restarted one counting Seq again: the store
+	// would take its batches for ones it applied before and drop them,
+	// until the old marker expires (the limiter draws a random Node per
+	// Limiter).
 	Node string
 	// Group is the group of every op's key (see Store.Group).
 	Group int
 	// Seq is greater than the Seq of every earlier batch of this Node and
-	// Group.
+	// Group, and below 2^53 (the Redis scripts compare it as a Lua number;
+	// the sync loop counts from 1, one per batch).
 	Seq uint64
 	// Ops are the operations, in order.
 	Ops []Op
@@ -135,6 +140,12 @@ type Batch struct {
 	// current value, for a batch applied before). Push allocates it when
 	// its length is not len(Ops).
 	Totals []int64
+	// Refused, when Push sets it (length len(Ops)), marks the ops of an
+	// applied batch that the store refused because their counter holds a
+	// value the library did not write (ErrForeign, in Err): a refused op
+	// changed nothing and its Total means nothing; the batch's other ops
+	// are applied. Push empties it when no op was refused.
+	Refused []bool
 	// Status is what became of the batch.
 	Status Status
 	// Err says why the batch failed or is in doubt.
@@ -180,6 +191,15 @@ type TakeRequest struct {
 // store did not send because it knows the server to be unreachable (a
 // circuit breaker is open), and by wrappers (the simulation's outage).
 var ErrUnavailable = errors.New("store unavailable")
+
+// ErrForeign is wrapped by the error of a TakeRequest that a store did not
+// decide because one of its counters holds a value the library did not
+// write there (in Redis: a string that is not an integer, an integer out of
+// range, a log that is not a list of numbers), and by a Batch's Err when
+// the store refused some of its ops for that reason (Batch.Refused). The
+// request, or the op, changed nothing; the others of the same Take or
+// Batch are applied.
+var ErrForeign = errors.New("a counter holds a foreign value")
 
 // ExpireAt returns when the counter of window id (size window ms, counted
 // in span windows) can go, in Unix milliseconds: once no window counts it

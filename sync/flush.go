@@ -52,6 +52,9 @@ func (l *Loop) Flush(ctx context.Context) error {
 	for {
 		// What failed went back to its entries, which are queued again.
 		if !l.touched() && len(l.doubt) == 0 {
+			if l.refusal != nil {
+				return l.unflushed(l.refusal)
+			}
 			return nil
 		}
 		t := time.NewTimer(wait) // wall time, like ctx: Close waits in real time

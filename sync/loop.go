@@ -33,7 +33,7 @@ type Config struct {
 	Tables []*local.Table
 	Store  store.Store
 	Prefix string // the store namespace of the counters
-	Node   string // this node's identity in the store's markers
+	Node   string // this node's identity in the store's markers: unique to this Loop (store.Batch.Node)
 	// Now returns the current instant (ns since the Unix epoch) on the
 	// cluster's clock, as decisions see it.
 	Now func() int64
@@ -70,6 +70,7 @@ type Loop struct {
 
 	mu       sync.Mutex // one cycle at a time; guards the fields below
 	flushing bool
+	refusal  error // the final flush: why the store refused some ops
 	seq      uint64
 	doubt    []*batch       // batches in doubt, in the order they were first sent
 	entries  []owned        // one chunk being sent

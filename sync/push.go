@@ -3,8 +3,10 @@ package syncloop
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
+	"github.com/hybridlimit/hybridlimit/local"
 	"github.com/hybridlimit/hybridlimit/store"
 )
 
@@ -64,6 +66,39 @@ func (l *Loop) send(ctx context.Context, entries []owned, final bool) result {
 		}
 	}
 	return l.push(ctx, kept, now)
+}
+
+// refused settles the pushes of span s of the applied batch b when the
+// store refused some of them (a counter holding a foreign value), and
+// reports whether it did: the others are settled, the refused ones handed
+// back to their counters like a failed batch's, so that the node's
+// decisions keep counting them and they go out again (not in the final
+// flush, which counts them in Close's error).
+func (l *Loop) refused(b *batch, s span, now int64) bool {
+	ref := b.sb.Refused[s.from:s.to]
+	if !slices.Contains(ref, true) {
+		return false
+	}
+	var ok, back []local.Push
+	var totals []int64
+	for k, p := range b.pushes[s.from:s.to] {
+		if ref[k] {
+			back = append(back, p)
+		} else {
+			ok = append(ok, p)
+			totals = append(totals, b.sb.Totals[s.from+k])
+		}
+	}
+	s.t.Settle(s.e, now, ok, totals)
+	s.t.Release(s.e, back)
+	if l.flushing {
+		// The store will refuse them again: Close counts them unflushed
+		// instead of sending them until its context ends.
+		l.refusal = b.sb.Err
+	} else {
+		s.t.Requeue(s.e)
+	}
+	return true
 }
 
 func (l *Loop) newBatch(group int) *batch {
@@ -126,13 +161,20 @@ func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
 			res.applied++
 			l.stats.ops.Add(uint64(len(b.sb.Ops)))
 			for _, s := range b.spans {
+				if len(b.sb.Refused) > 0 && l.refused(b, s, now) {
+					continue
+				}
 				s.t.Settle(s.e, now, b.pushes[s.from:s.to], b.sb.Totals[s.from:s.to])
 				if !l.flushing && (s.again || now-s.e.LastSeen() < int64(l.cfg.Recent)) {
 					s.t.Requeue(s.e)
 				}
 			}
-			if b.sb.Err != nil && res.first == nil {
-				res.first = b.sb.Err // a corrupt counter: the rest was applied
+			if b.sb.Err != nil {
+				// A foreign value in a counter: the rest was applied.
+				l.report(b.sb.Err)
+				if res.first == nil {
+					res.first = b.sb.Err
+				}
 			}
 			l.recycle(b)
 		case store.InDoubt:

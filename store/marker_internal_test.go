@@ -1,0 +1,68 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/local"
+)
+
+// Foreign values in the markers (only a writer into the library's keys
+// under a node's random name puts them there): a marker Redis cannot read
+// (a hash) fails the call before it writes anything; one that holds no
+// number counts as absent; a number counts as the last sequence applied.
+func TestRedisForeignMarkers(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := context.Background()
+	s, err := NewRedis(c, RedisOptions{BreakerMin: -1})
+	require.NoError(t, err)
+	const w = 60_000
+	id := int64(1_893_456_000_000) / w
+	cases := []struct {
+		name   string
+		set    func(key string) error
+		status Status
+		total  int64 // the counter after the batch
+	}{
+		{"hash", func(k string) error { return c.HSet(ctx, k, "f", "v").Err() }, Failed, 0},
+		{"text", func(k string) error { return c.Set(ctx, k, "not a number", 0).Err() }, Applied, 1},
+		{"huge", func(k string) error { return c.Set(ctx, k, "99999999999999999999", 0).Err() }, Applied, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pfx := redistest.Prefix(t)
+			g := s.Group("k")
+			require.NoError(t, tc.set(markerKey(pfx, 'm', s.slotOf(g), "n")))
+			b := &Batch{Prefix: pfx, Node: "n", Group: g, Seq: 1, Ops: []Op{{Counter: Counter{Key: "k", Window: w, ID: id}, Delta: 1}}}
+			require.NoError(t, s.Push(ctx, []*Batch{b}))
+			assert.Equal(t, tc.status, b.Status, "%v", b.Err)
+			v, _ := c.Get(ctx, CounterKey(pfx, b.Ops[0].Counter)).Int64()
+			assert.Equal(t, tc.total, v)
+
+			// The take marker of the store's first stream.
+			tk := markerKey(pfx, 't', s.slotOf(0), s.node+".0")
+			if tc.name == "huge" {
+				require.NoError(t, c.Set(ctx, tk, "99999999999999999999:1", 0).Err()) // a take marker's form
+			} else {
+				require.NoError(t, tc.set(tk))
+			}
+			rule := local.NewRule(local.Spec{Kind: local.Fixed, Limit: 10, Window: time.Minute})
+			r := &TakeRequest{Prefix: pfx, Key: "t", Rules: []local.Rule{rule}, Now: time.Now().UnixMicro(), Cost: 1, Deadline: time.Now().Add(time.Minute).UnixMicro()}
+			require.NoError(t, s.Take(ctx, []*TakeRequest{r}))
+			switch tc.name {
+			case "hash":
+				assert.Equal(t, Failed, r.Status, "nothing written: the FailurePolicy decides")
+			case "text":
+				assert.Equal(t, Applied, r.Status, "%v", r.Err)
+			case "huge":
+				assert.Equal(t, InDoubt, r.Status, "a later call's outcome: this one's is lost")
+			}
+			require.NoError(t, c.Del(ctx, tk).Err())
+		})
+	}
+}
