@@ -34,7 +34,7 @@ func TestFaultForeignCounterSynchronous(t *testing.T) {
 			})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = l.Close(ctx) })
-			id := time.Now().UnixMilli() / time.Hour.Milliseconds()
+			id := thisHour(t)
 			for _, i := range []int64{id, id + 1} {
 				key := store.CounterKey(pfx, store.Counter{Key: "bad", Window: time.Hour.Milliseconds(), ID: i})
 				require.NoError(t, c.HSet(ctx, key, "f", "v").Err())
@@ -101,7 +101,7 @@ func TestFaultForeignCounterAsync(t *testing.T) {
 		OnError: func(error) { errs.Add(1) },
 	})
 	require.NoError(t, err)
-	id := time.Now().UnixMilli() / time.Hour.Milliseconds()
+	id := thisHour(t)
 	for _, i := range []int64{id, id + 1} {
 		key := store.CounterKey(pfx, store.Counter{Key: "bad", Window: time.Hour.Milliseconds(), ID: i})
 		require.NoError(t, c.HSet(ctx, key, "f", "v").Err())

@@ -25,7 +25,7 @@ func TestRestartedLimiterIsANewNode(t *testing.T) {
 		Mode: hybridlimit.ModeAsync, Store: storetest.Redis(t, c), Prefix: pfx, SyncRate: 5 * time.Millisecond,
 		Rules: []hybridlimit.Rule{{Limit: 1000, Window: time.Hour, Type: hybridlimit.Fixed}},
 	}
-	id := time.Now().UnixMilli() / time.Hour.Milliseconds()
+	id := thisHour(t)
 	for run := int64(1); run <= 3; run++ {
 		l, err := hybridlimit.New(cfg)
 		require.NoError(t, err)
@@ -40,4 +40,17 @@ func TestRestartedLimiterIsANewNode(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, 10*run, v, "run %d", run)
 	}
+}
+
+// thisHour returns the id of the current hour's window (one hour, in
+// Unix ms), for a test that counts in it on the wall clock: within 30
+// seconds of the hour's end it first waits for the next hour, so that the
+// test does not run across a window boundary.
+func thisHour(t *testing.T) int64 {
+	t.Helper()
+	now := time.Now()
+	if left := now.Truncate(time.Hour).Add(time.Hour).Sub(now); left < 30*time.Second {
+		time.Sleep(left + 10*time.Millisecond)
+	}
+	return time.Now().UnixMilli() / time.Hour.Milliseconds()
 }
