@@ -1,6 +1,7 @@
 package hybridlimit
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -19,16 +20,8 @@ func TestCountDeniedBucketNeverWraps(t *testing.T) {
 	for _, mode := range []Mode{ModeLocal, ModeAsync, ModeSynchronous} {
 		for _, algo := range []Algorithm{TokenBucket, LeakyBucket} {
 			t.Run(mode.String()+"/"+algo.String(), func(t *testing.T) {
-				mock := clock.NewMock()
-				mock.Set(t0)
-				cfg := Config{Mode: mode, CountDenied: true, Rules: []Rule{{Limit: 1, Window: MaxWindow, Type: algo}}, Clock: mock, Manual: true}
-				if mode != ModeLocal {
-					cfg.Store, cfg.ClockSync = store.NewMemory(mock), -1
-				}
-				l, err := New(cfg)
-				require.NoError(t, err)
+				l := countDeniedLimiter(t, mode, Rule{Limit: 1, Window: MaxWindow, Type: algo})
 				ctx := t.Context()
-				t.Cleanup(func() { _ = l.Close(ctx) })
 				res, err := l.Allow(ctx, "k")
 				require.NoError(t, err)
 				require.True(t, res.Allowed)
@@ -57,16 +50,8 @@ func TestCountDeniedBucketRemainingNeverNegative(t *testing.T) {
 	for _, mode := range []Mode{ModeLocal, ModeAsync, ModeSynchronous} {
 		for _, algo := range []Algorithm{TokenBucket, LeakyBucket} {
 			t.Run(mode.String()+"/"+algo.String(), func(t *testing.T) {
-				mock := clock.NewMock()
-				mock.Set(t0)
-				cfg := Config{Mode: mode, CountDenied: true, Rules: []Rule{{Limit: 2, Window: time.Second, Type: algo}}, Clock: mock, Manual: true}
-				if mode != ModeLocal {
-					cfg.Store, cfg.ClockSync = store.NewMemory(mock), -1
-				}
-				l, err := New(cfg)
-				require.NoError(t, err)
+				l := countDeniedLimiter(t, mode, Rule{Limit: 2, Window: time.Second, Type: algo})
 				ctx := t.Context()
-				t.Cleanup(func() { _ = l.Close(ctx) })
 				for i := range 6 {
 					res, err := l.Allow(ctx, "k")
 					require.NoError(t, err)
@@ -79,4 +64,20 @@ func TestCountDeniedBucketRemainingNeverNegative(t *testing.T) {
 			})
 		}
 	}
+}
+
+// countDeniedLimiter returns a limiter in mode with CountDenied and the one
+// rule r, on a mock clock at t0 (a memory store in the store modes).
+func countDeniedLimiter(t *testing.T, mode Mode, r Rule) *Limiter {
+	t.Helper()
+	mock := clock.NewMock()
+	mock.Set(t0)
+	cfg := Config{Mode: mode, CountDenied: true, Rules: []Rule{r}, Clock: mock, Manual: true}
+	if mode != ModeLocal {
+		cfg.Store, cfg.ClockSync = store.NewMemory(mock), -1
+	}
+	l, err := New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
 }
