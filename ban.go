@@ -163,7 +163,9 @@ func (l *Limiter) noteDenied(key string, now int64) {
 		defer b.pending.Delete(key)
 		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
 		defer cancel()
-		_, err := l.pol.st.Escalate(ctx, l.cfg.Prefix, key, b.p.Reason, now/int64(time.Millisecond), b.p.For, b.p.Max, b.p.Forget)
+		// From now rounded up to the store's millisecond: the block
+		// lasts at least For (see Limiter.until).
+		_, err := l.pol.st.Escalate(ctx, l.cfg.Prefix, key, b.p.Reason, ceilMs(now), b.p.For, b.p.Max, b.p.Forget)
 		if err == nil {
 			err = l.pol.reload(ctx, true)
 		}

@@ -165,12 +165,25 @@ func (l *Limiter) policyStore() (store.PolicyStore, error) {
 }
 
 // until returns the Unix ms at which a policy of length d from now ends;
-// 0 (never) for d = 0.
+// 0 (never) for d = 0. It rounds up, so that a policy holds for at least
+// d (at most 1ms more), and never returns 0 for d > 0.
 func (l *Limiter) until(d time.Duration) int64 {
 	if d == 0 {
 		return 0
 	}
-	return (l.clock.now() + int64(d)) / int64(time.Millisecond)
+	if u := ceilMs(l.clock.now() + int64(d)); u != 0 {
+		return u
+	}
+	return 1
+}
+
+// ceilMs returns ns (Unix ns) in Unix ms, rounded up.
+func ceilMs(ns int64) int64 {
+	ms := ns / int64(time.Millisecond)
+	if ns%int64(time.Millisecond) > 0 {
+		ms++
+	}
+	return ms
 }
 
 // checkPolicyKey checks the key of a policy method.
