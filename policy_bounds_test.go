@@ -67,7 +67,6 @@ func TestPolicyEndsAtItsInstant(t *testing.T) {
 	}
 }
 
-
 // A ban triggered between milliseconds lasts at least For, as a block does.
 func TestBanLastsAtLeastFor(t *testing.T) {
 	ctx := context.Background()
