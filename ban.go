@@ -32,7 +32,10 @@ type BanPolicy struct {
 	// 366 days; defaults 1 minute and 24 hours.
 	For, Max time.Duration
 	// Forget is how long after a block ends a new one still doubles it:
-	// 0 to 366 days, default 24 hours.
+	// up to 366 days; 0 means the default, 24 hours. Blocks never double
+	// with a Forget below 1ms, or with Max equal to For. Times are kept
+	// to the millisecond: a block lasts at least its length, at most 1ms
+	// more.
 	Forget time.Duration
 	// Reason is the blocks' reason, default "too many denied requests".
 	Reason string
@@ -70,7 +73,7 @@ func (b *BanPolicy) validate() error {
 	case b.For < time.Second || b.Max < b.For || b.Max > MaxWindow:
 		return fmt.Errorf("hybridlimit: Config.Ban.For is %v and Max %v, want 1s ≤ For ≤ Max ≤ %v", b.For, b.Max, MaxWindow)
 	case b.Forget < 0 || b.Forget > MaxWindow:
-		return fmt.Errorf("hybridlimit: Config.Ban.Forget is %v, want 0 to %v", b.Forget, MaxWindow)
+		return fmt.Errorf("hybridlimit: Config.Ban.Forget is %v, want 1ns to %v (0: 24h)", b.Forget, MaxWindow)
 	}
 	return nil
 }

@@ -91,3 +91,53 @@ func TestBanLastsAtLeastFor(t *testing.T) {
 		}
 	}
 }
+
+// Forget at its bounds: with 1ms, a ban starting at the instant the last
+// one ended doubles it, one starting after that instant (which the store
+// counts from the next millisecond) does not; with MaxWindow and For = Max = MaxWindow,
+// the arithmetic stays in range.
+func TestBanForgetBounds(t *testing.T) {
+	ctx := context.Background()
+	offend := func(t *testing.T, l *Limiter, mock *stepClock, now time.Time) time.Duration {
+		t.Helper()
+		mock.Set(now)
+		admitted(t, l, "k", 4) // the free tier admits 3 a minute: a denial
+		res, err := l.Peek(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Blocked, "banned at %v", now)
+		return res.RetryAfter
+	}
+	t.Run("1ms", func(t *testing.T) {
+		l, mock := newTiered(t, BanPolicy{Denials: 1, For: time.Second, Max: time.Hour, Forget: time.Millisecond})
+		start := at(10, 0, 0)
+		assert.Equal(t, time.Second, offend(t, l, mock, start))
+		end := start.Add(time.Second)
+		assert.Equal(t, 2*time.Second, offend(t, l, mock, end), "at the last end: within Forget")
+		end = end.Add(2 * time.Second)
+		assert.Equal(t, time.Second+time.Millisecond-1, offend(t, l, mock, end.Add(1)), "Forget passed (the ban starts at the next millisecond)")
+	})
+	t.Run("1ns", func(t *testing.T) {
+		l, mock := newTiered(t, BanPolicy{Denials: 1, For: time.Second, Max: time.Hour, Forget: time.Nanosecond})
+		start := at(10, 0, 0)
+		assert.Equal(t, time.Second, offend(t, l, mock, start))
+		assert.Equal(t, time.Second, offend(t, l, mock, start.Add(time.Second)), "never doubles")
+	})
+	t.Run("MaxWindow", func(t *testing.T) {
+		l, mock := newTiered(t, BanPolicy{Denials: 1, For: MaxWindow, Max: MaxWindow, Forget: MaxWindow})
+		start := at(10, 0, 0)
+		assert.Equal(t, MaxWindow, offend(t, l, mock, start))
+		assert.Equal(t, MaxWindow, offend(t, l, mock, start.Add(MaxWindow)), "doubled, capped at Max")
+		bs, err := l.Blocks(ctx)
+		require.NoError(t, err)
+		require.Len(t, bs, 1)
+		assert.Equal(t, 2, bs[0].Strikes)
+		assert.Equal(t, start.Add(2*MaxWindow), bs[0].Until)
+	})
+	t.Run("0 is the default", func(t *testing.T) {
+		cfg := tierCfg
+		cfg.Ban = BanPolicy{Denials: 1}
+		checked, err := cfg.validate()
+		require.NoError(t, err)
+		assert.Equal(t, 24*time.Hour, checked.Ban.Forget)
+	})
+}
