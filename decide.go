@@ -23,7 +23,8 @@ var (
 	// what some rule admits at once (its Limit, or a bucket's Burst).
 	ErrCost = errors.New("hybridlimit: invalid cost")
 	// ErrUnknownTier is wrapped by the error returned when Config.TierOf
-	// names a tier that is not in Config.Tiers.
+	// names a tier that is not in Config.Tiers, and by SetOverride's for
+	// such a tier.
 	ErrUnknownTier = errors.New("hybridlimit: unknown tier")
 )
 

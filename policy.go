@@ -212,7 +212,7 @@ func (l *Limiter) SetOverride(ctx context.Context, key, tier string, ttl time.Du
 		return err
 	}
 	if _, ok := l.byName[tier]; !ok {
-		return fmt.Errorf("hybridlimit: SetOverride: tier %q is not in Config.Tiers", tier)
+		return &inputError{fmt.Sprintf("hybridlimit: SetOverride: tier %q is not in Config.Tiers; want one of %q", tier, l.Tiers()), ErrUnknownTier}
 	}
 	if ttl < 0 || ttl > MaxWindow {
 		return fmt.Errorf("hybridlimit: SetOverride: ttl is %v, want 0 (no end) to %v", ttl, MaxWindow)
@@ -227,7 +227,7 @@ func (l *Limiter) SetOverride(ctx context.Context, key, tier string, ttl time.Du
 // RemoveOverride removes key's override on every node, and reports whether
 // it had one.
 func (l *Limiter) RemoveOverride(ctx context.Context, key string) (bool, error) {
-	return l.deletePolicy(ctx, store.Override, key)
+	return l.deletePolicy(ctx, "RemoveOverride", store.Override, key)
 }
 
 // Block denies every request of key on every node for d (0: until
@@ -256,12 +256,16 @@ func (l *Limiter) Block(ctx context.Context, key string, d time.Duration, reason
 // Unblock lifts key's block on every node, and reports whether it had one.
 // The key's strikes (BanPolicy) are kept.
 func (l *Limiter) Unblock(ctx context.Context, key string) (bool, error) {
-	return l.deletePolicy(ctx, store.Block, key)
+	return l.deletePolicy(ctx, "Unblock", store.Block, key)
 }
 
-func (l *Limiter) deletePolicy(ctx context.Context, kind store.PolicyKind, key string) (bool, error) {
+// deletePolicy removes key's policy of kind, for the method op.
+func (l *Limiter) deletePolicy(ctx context.Context, op string, kind store.PolicyKind, key string) (bool, error) {
 	st, err := l.policyStore()
 	if err != nil {
+		return false, err
+	}
+	if err := l.checkPolicyKey(op, key); err != nil {
 		return false, err
 	}
 	ok, err := st.DeletePolicy(ctx, l.cfg.Prefix, kind, key)

@@ -2,6 +2,8 @@ package hybridlimit
 
 import (
 	"context"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,4 +142,84 @@ func TestBanForgetBounds(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, 24*time.Hour, checked.Ban.Forget)
 	})
+}
+
+// Odd input to the policy methods: an error naming the argument and what
+// it accepts, never a panic, and nothing stored.
+func TestPolicyInputErrors(t *testing.T) {
+	ctx := context.Background()
+	l, _ := newTiered(t, BanPolicy{})
+	long := strings.Repeat("k", DefaultMaxKeyLen)
+	over := long + "k"
+	for _, c := range []struct {
+		name string
+		call func() error
+		is   error  // errors.Is, when set
+		msg  string // contained in the error, when set
+	}{
+		{"SetOverride empty key", func() error { return l.SetOverride(ctx, "", "paid", 0) }, ErrEmptyKey, ""},
+		{"SetOverride long key", func() error { return l.SetOverride(ctx, over, "paid", 0) }, ErrKeyTooLong, "SetOverride: key of 1025 bytes exceeds Config.MaxKeyLen 1024"},
+		{"SetOverride unknown tier", func() error { return l.SetOverride(ctx, "k", "gold", 0) }, ErrUnknownTier, `SetOverride: tier "gold" is not in Config.Tiers`},
+		{"SetOverride negative ttl", func() error { return l.SetOverride(ctx, "k", "paid", -1) }, nil, "SetOverride: ttl is -1ns, want 0 (no end) to 8784h0m0s"},
+		{"SetOverride huge ttl", func() error { return l.SetOverride(ctx, "k", "paid", MaxWindow+1) }, nil, "ttl is 8784h0m0.000000001s, want 0 (no end) to 8784h0m0s"},
+		{"SetOverride MinInt64 ttl", func() error { return l.SetOverride(ctx, "k", "paid", math.MinInt64) }, nil, "want 0 (no end) to"},
+		{"Block empty key", func() error { return l.Block(ctx, "", time.Second, "") }, ErrEmptyKey, ""},
+		{"Block long key", func() error { return l.Block(ctx, over, time.Second, "") }, ErrKeyTooLong, "Block: key of 1025 bytes"},
+		{"Block negative d", func() error { return l.Block(ctx, "k", -time.Second, "") }, nil, "Block: d is -1s, want 0 (no end) to 8784h0m0s"},
+		{"Block huge d", func() error { return l.Block(ctx, "k", math.MaxInt64, "") }, nil, "Block: d is 2562047h47m16.854775807s, want 0 (no end) to"},
+		{"Unblock empty key", func() error { _, err := l.Unblock(ctx, ""); return err }, ErrEmptyKey, ""},
+		{"Unblock long key", func() error { _, err := l.Unblock(ctx, over); return err }, ErrKeyTooLong, "Unblock: key of 1025 bytes"},
+		{"RemoveOverride empty key", func() error { _, err := l.RemoveOverride(ctx, ""); return err }, ErrEmptyKey, ""},
+		{"RemoveOverride long key", func() error { _, err := l.RemoveOverride(ctx, over); return err }, ErrKeyTooLong, "RemoveOverride: key of 1025 bytes"},
+		{"Contributors empty key", func() error { _, err := l.Contributors(ctx, ""); return err }, ErrEmptyKey, ""},
+		{"Contributors long key", func() error { _, err := l.Contributors(ctx, over); return err }, ErrKeyTooLong, "Contributors: key of 1025 bytes"},
+		{"AllowTagged empty key", func() error { _, err := l.AllowTagged(ctx, "", "t", 1); return err }, ErrEmptyKey, ""},
+		{"AllowTagged n=0", func() error { _, err := l.AllowTagged(ctx, "k", "t", 0); return err }, ErrCost, "AllowN(n=0): cost must be at least 1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var err error
+			require.NotPanics(t, func() { err = c.call() })
+			require.Error(t, err)
+			if c.is != nil {
+				assert.ErrorIs(t, err, c.is)
+			}
+			if c.msg != "" {
+				assert.ErrorContains(t, err, c.msg)
+			}
+		})
+	}
+	ov, err := l.Overrides(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, ov)
+	bs, err := l.Blocks(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, bs)
+
+	// The bounds themselves are accepted, and keys and reasons of any
+	// bytes come back as given.
+	odd := "a:b|c\n{d}\x00"
+	require.NoError(t, l.SetOverride(ctx, long, "paid", MaxWindow))
+	require.NoError(t, l.SetOverride(ctx, odd, "", 0))
+	require.NoError(t, l.Block(ctx, long, MaxWindow, "x"))
+	require.NoError(t, l.Block(ctx, odd, 1, "why|not:\n"))
+	bs, err = l.Blocks(ctx)
+	require.NoError(t, err)
+	require.Len(t, bs, 2)
+	assert.Equal(t, odd, bs[0].Key)
+	assert.Equal(t, "why|not:\n", bs[0].Reason)
+	res, err := l.Allow(ctx, odd)
+	require.NoError(t, err)
+	assert.True(t, res.Blocked)
+	res, err = l.Allow(ctx, long)
+	require.NoError(t, err)
+	assert.True(t, res.Blocked)
+	assert.Equal(t, "paid", res.Tier)
+	ok, err := l.Unblock(ctx, long)
+	require.NoError(t, err)
+	assert.True(t, ok)
+	_, ok = l.TierRules("gold")
+	assert.False(t, ok)
+	rules, ok := l.TierRules("")
+	assert.True(t, ok)
+	assert.Equal(t, tierCfg.Rules, rules)
 }
