@@ -321,7 +321,9 @@ func TestPoliciesAcrossNodes(t *testing.T) {
 				require.NoError(t, err)
 				assert.Equal(t, "paid", res.Tier, "node %d", i)
 			}
-			mock.Add(time.Minute)
+			// The override holds for its ttl, its end rounded up to the
+			// millisecond (mock.Set(time.Now()) is between milliseconds).
+			mock.Add(time.Minute + time.Millisecond)
 			for i, l := range nodes {
 				res, err := l.Allow(ctx, "acme")
 				require.NoError(t, err)
