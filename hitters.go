@@ -2,6 +2,7 @@ package hybridlimit
 
 import (
 	"context"
+	"math"
 	"sort"
 	"sync"
 	"time"
@@ -54,8 +55,8 @@ func (s *sketch) add(tag string, n, now int64) {
 	for i := range s.tags {
 		switch {
 		case s.tags[i] == tag && s.cost[i] > 0:
-			s.cost[i] += n
-			s.pending[i] += n
+			s.cost[i] = satAdd(s.cost[i], n)
+			s.pending[i] = satAdd(s.pending[i], n)
 			return
 		case s.cost[i] == 0:
 			s.tags[i], s.cost[i], s.err[i], s.pending[i] = tag, n, 0, n
@@ -67,8 +68,17 @@ func (s *sketch) add(tag string, n, now int64) {
 	// Full: the tag takes the place of the least counted one, and its count
 	// (an overestimate by what the place held).
 	s.tags[low], s.err[low] = tag, s.cost[low]
-	s.cost[low] += n
+	s.cost[low] = satAdd(s.cost[low], n)
 	s.pending[low] = n
+}
+
+// satAdd returns a + b for a, b ≥ 0, at most MaxInt64: a key's tags are
+// counted for as long as it stays busy.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // top returns the sketch's tags, most counted first.
@@ -187,7 +197,7 @@ func (l *Limiter) flushTags(ctx context.Context) error {
 			for _, tc := range tags { // keep them for the next flush
 				for i := range s.tags {
 					if s.tags[i] == tc.Tag {
-						s.pending[i] += tc.Count
+						s.pending[i] = satAdd(s.pending[i], tc.Count)
 						s.dirty = true
 					}
 				}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -264,7 +265,11 @@ func (s *Memory) AddTags(ctx context.Context, prefix, key string, tags []TagCoun
 		s.tags[k] = t
 	}
 	for _, tc := range tags {
-		t.m[tc.Tag] += tc.Count
+		if c := t.m[tc.Tag]; c > math.MaxInt64-tc.Count {
+			t.m[tc.Tag] = math.MaxInt64 // saturate, as a float score in Redis cannot wrap
+		} else {
+			t.m[tc.Tag] = c + tc.Count
+		}
 	}
 	for len(t.m) > keep {
 		low := ""

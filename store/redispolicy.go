@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -191,7 +192,11 @@ func (s *Redis) Tags(ctx context.Context, prefix, key string, n int) ([]TagCount
 	out := make([]TagCount, 0, len(zs))
 	for _, z := range zs {
 		tag, _ := z.Member.(string)
-		out = append(out, TagCount{Tag: tag, Count: int64(z.Score)})
+		count := int64(math.MaxInt64) // a score at or past 2^63 does not convert
+		if z.Score < 0x1p63 {
+			count = int64(z.Score)
+		}
+		out = append(out, TagCount{Tag: tag, Count: count})
 	}
 	sortTags(out)
 	return out, nil
