@@ -15,9 +15,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/grpclimit"
@@ -238,4 +240,65 @@ func TestEdgeRetryBounds(t *testing.T) {
 	assert.GreaterOrEqual(t, parseSeconds(t, fields(r.trailer)["retry-after"])*time.Second, time.Second)
 	mc.Add(time.Nanosecond)
 	assert.NoError(t, say(t, cc).err)
+}
+
+// drainDesc is a service whose one client stream, Drain, ignores
+// denied messages and reads on to the end of the stream.
+var drainDesc = grpc.ServiceDesc{
+	ServiceName: "hl.test.Drain",
+	HandlerType: (*any)(nil),
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "Drain",
+		ClientStreams: true,
+		Handler: func(_ any, ss grpc.ServerStream) error {
+			var denied int64
+			for {
+				err := ss.RecvMsg(new(wrapperspb.StringValue))
+				if errors.Is(err, io.EOF) {
+					return ss.SendMsg(wrapperspb.Int64(denied))
+				}
+				if err != nil && status.Code(err) != codes.ResourceExhausted {
+					return err
+				}
+				if err != nil {
+					denied++
+				}
+			}
+		},
+	}},
+}
+
+// TestEdgeTrailersOfSeveralDenials checks a client stream whose handler
+// reads on past denied messages (MessageCost): its trailers hold the
+// metadata of the last denial once, not one value per denial.
+func TestEdgeTrailersOfSeveralDenials(t *testing.T) {
+	l, _ := newLimiter(t, hybridlimit.Rule{Limit: 3, Window: time.Minute, Type: hybridlimit.Fixed})
+	i := newInterceptor(t, l, peerIP(t), grpclimit.Options{
+		MessageCost: func(context.Context, string, any) int64 { return 1 },
+	})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer(grpc.ChainStreamInterceptor(i.Stream))
+	srv.RegisterService(&drainDesc, struct{}{})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cs, err := cc.NewStream(ctx, &grpc.StreamDesc{StreamName: "Drain", ClientStreams: true}, "/hl.test.Drain/Drain")
+	require.NoError(t, err)
+	for range 6 {
+		require.NoError(t, cs.SendMsg(wrapperspb.String("m")))
+	}
+	require.NoError(t, cs.CloseSend())
+	out := new(wrapperspb.Int64Value)
+	require.NoError(t, cs.RecvMsg(out))
+	assert.Equal(t, int64(4), out.GetValue(), "messages 3 to 6 denied")
+	tr := cs.Trailer()
+	for _, k := range []string{"ratelimit-policy", "ratelimit", "ratelimit-limit", "ratelimit-remaining", "ratelimit-reset", "retry-after"} {
+		assert.Len(t, tr.Get(k), 1, "trailer %s: %q", k, tr.Get(k))
+	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/httplimit"
@@ -39,7 +40,8 @@ type Options struct {
 	// on a client-streaming or bidirectional stream, after the stream's
 	// own decision when it opens, at the cost it returns (1 to the
 	// limiter's smallest limit; return 1 to count messages). A denied
-	// message makes RecvMsg return the denial's status error. Nil decides
+	// message makes RecvMsg return the denial's status error; the stream's
+	// trailers carry the metadata of its last denied message. Nil decides
 	// streams only when they open.
 	MessageCost func(ctx context.Context, method string, msg any) int64
 
@@ -197,10 +199,17 @@ func (i *Interceptor) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	if err != nil {
 		return err
 	}
-	if i.opts.MessageCost != nil && info.IsClientStream && key != "" {
-		ss = &limitedStream{ServerStream: ss, i: i, method: info.FullMethod, key: key}
+	if i.opts.MessageCost == nil || !info.IsClientStream || key == "" {
+		return handler(srv, ss)
 	}
-	return handler(srv, ss)
+	ls := &limitedStream{ServerStream: ss, i: i, method: info.FullMethod, key: key}
+	err = handler(srv, ls)
+	if ls.denied != nil {
+		// The metadata of the last denied message, once, however many
+		// denials the handler read past.
+		ss.SetTrailer(ls.denied)
+	}
+	return err
 }
 
 // limitedStream decides every message it receives (Options.MessageCost).
@@ -209,6 +218,7 @@ type limitedStream struct {
 	i      *Interceptor
 	method string
 	key    string
+	denied metadata.MD // the trailers of the last denied message
 }
 
 // RecvMsg receives a message, then decides it: a denied message is
@@ -218,8 +228,16 @@ func (s *limitedStream) RecvMsg(m any) error {
 		return err
 	}
 	ctx := s.ServerStream.Context()
-	return s.i.decide(ctx, s.method, s.key, s.i.opts.MessageCost(ctx, s.method, m), s.ServerStream, false)
+	return s.i.decide(ctx, s.method, s.key, s.i.opts.MessageCost(ctx, s.method, m), (*denialSink)(s), false)
 }
+
+// denialSink is a limitedStream whose SetTrailer keeps the metadata of a
+// denied message in place of the last one, for Stream to send when the
+// handler returns (grpc-go's SetTrailer would append to it).
+type denialSink limitedStream
+
+// SetTrailer replaces the kept metadata with md.
+func (s *denialSink) SetTrailer(md metadata.MD) { s.denied = md }
 
 // open keys and decides a call as it opens, ss being nil for a unary call.
 // It returns the key (empty when ErrorHandler let an unkeyed call through)
