@@ -63,8 +63,10 @@ type Collector struct {
 
 // NewCollector returns a collector without a limiter: wire its ObserveSync
 // into Config.OnSync, create the limiter, then call SetLimiter. Until
-// then it exports the histogram only. It panics on invalid Options, like
-// prometheus.NewHistogramVec.
+// then it exports the histogram only. It panics on invalid Buckets or a
+// constant label named "le", like prometheus.NewHistogramVec; other
+// invalid ConstLabels (names or values Prometheus refuses) make Register
+// fail, and Collect sends metrics whose Write returns the error.
 func NewCollector(opts Options) *Collector {
 	ns := opts.Namespace
 	if ns == "" {
@@ -154,7 +156,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.latency.Describe(ch)
 }
 
-// Collect reads the limiter's Stats once and sends every metric.
+// Collect reads the limiter's Stats once and sends every metric. It does
+// not panic.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.latency.Collect(ch)
 	l := c.l.Load()
@@ -162,11 +165,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	s := l.Stats()
+	send := func(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
+		m, err := prometheus.NewConstMetric(d, t, v, labels...)
+		if err != nil { // invalid Options.ConstLabels: Register fails too
+			m = prometheus.NewInvalidMetric(d, err)
+		}
+		ch <- m
+	}
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+		send(d, prometheus.CounterValue, float64(v), labels...)
 	}
 	gauge := func(d *prometheus.Desc, v float64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+		send(d, prometheus.GaugeValue, v)
 	}
 	counter(c.decisions, s.Allowed, "allowed")
 	counter(c.decisions, s.Denied, "denied")
