@@ -302,3 +302,30 @@ func TestEdgeTrailersOfSeveralDenials(t *testing.T) {
 		assert.Len(t, tr.Get(k), 1, "trailer %s: %q", k, tr.Get(k))
 	}
 }
+
+// TestEdgeClosedLimiter checks a limiter closed before a stream opens and
+// while it runs (MessageCost): the opening fails, and a later message,
+// with codes.Unavailable; nothing panics and no rate-limit trailers are
+// set, since nothing was decided.
+func TestEdgeClosedLimiter(t *testing.T) {
+	l, _ := newLimiter(t, hybridlimit.Rule{Limit: 10, Window: time.Minute})
+	i := newInterceptor(t, l, grpclimit.FullMethod(), grpclimit.Options{
+		MessageCost: func(context.Context, string, any) int64 { return 1 },
+	})
+	info := &grpc.StreamServerInfo{FullMethod: methodUpload, IsClientStream: true}
+	ss := &fakeStream{ctx: context.Background(), msgs: 3}
+	err := i.Stream(nil, ss, info, func(_ any, s grpc.ServerStream) error {
+		require.NoError(t, s.RecvMsg(nil))
+		require.NoError(t, l.Close(context.Background()))
+		return s.RecvMsg(nil)
+	})
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Equal(t, "9", fields(ss.header)["ratelimit-remaining"], "the opening's headers")
+	assert.Empty(t, fields(ss.trailer))
+
+	ss = &fakeStream{ctx: context.Background(), msgs: 1}
+	err = i.Stream(nil, ss, info, func(any, grpc.ServerStream) error { return nil })
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Empty(t, fields(ss.header))
+	assert.Empty(t, fields(ss.trailer))
+}
