@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261123211703-20b46b200068
+	github.com/hybridlimit/hybridlimit v0.0.0-20261123213325-45afb2b5c8db
 	github.com/stretchr/testify v1.12.1
 )
 
