@@ -41,16 +41,3 @@ func TestRestartedLimiterIsANewNode(t *testing.T) {
 		assert.Equal(t, 10*run, v, "run %d", run)
 	}
 }
-
-// thisHour returns the id of the current hour's window (one hour, in
-// Unix ms), for a test that counts in it on the wall clock: within 30
-// seconds of the hour's end it first waits for the next hour, so that the
-// test does not run across a window boundary.
-func thisHour(t *testing.T) int64 {
-	t.Helper()
-	now := time.Now()
-	if left := now.Truncate(time.Hour).Add(time.Hour).Sub(now); left < 30*time.Second {
-		time.Sleep(left + 10*time.Millisecond)
-	}
-	return time.Now().UnixMilli() / time.Hour.Milliseconds()
-}

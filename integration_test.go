@@ -183,6 +183,7 @@ func TestRedisOutageKeepsDecidingAndCatchesUp(t *testing.T) {
 }
 
 func TestRedisCloseFlushes(t *testing.T) {
+	thisHour(t) // the counts are read in this hour's window
 	c := redistest.Client(t)
 	pfx := redistest.Prefix(t)
 	nodes := redisNodes(t, c, 2, hybridlimit.Config{
@@ -224,6 +225,7 @@ func TestRedisSynchronousExactnessEveryAlgorithm(t *testing.T) {
 		{Limit: 300, Window: time.Hour, Type: hybridlimit.LeakyBucket},
 	} {
 		t.Run(rule.Type.String(), func(t *testing.T) {
+			thisHour(t) // a Fixed window must not end during the run
 			nodes := redisNodes(t, c, 10, hybridlimit.Config{Rules: []hybridlimit.Rule{rule}, Mode: hybridlimit.ModeSynchronous, StoreTimeout: exactTimeout})
 			admitted, degraded := decideExact(t, nodes, 50, 2) // 1000 requests for 300
 			assert.Equal(t, int64(0), degraded)
@@ -289,4 +291,17 @@ func decideExact(t *testing.T, nodes []*hybridlimit.Limiter, goroutines, each in
 	}
 	wg.Wait()
 	return a.Load(), d.Load()
+}
+
+// thisHour returns the id of the current hour's window (one hour, in
+// Unix ms), for a test that counts in it on the wall clock: within 30
+// seconds of the hour's end it first waits for the next hour, so that the
+// test does not run across a window boundary.
+func thisHour(t *testing.T) int64 {
+	t.Helper()
+	now := time.Now()
+	if left := now.Truncate(time.Hour).Add(time.Hour).Sub(now); left < 30*time.Second {
+		time.Sleep(left + 10*time.Millisecond)
+	}
+	return time.Now().UnixMilli() / time.Hour.Milliseconds()
 }
