@@ -2,9 +2,7 @@ package store
 
 import "github.com/redis/go-redis/v9"
 
-// The Redis store's two Lua scripts. Both begin with
-// redis.replicate_commands() so that Redis 3.2 to 4 replicate their effects
-// (the default since Redis 5), which reading TIME before writing needs.
+// The Redis store's two Lua scripts, which both begin with prelude.
 
 // luaScript is a script and its text, which a call sends when the server
 // does not know its hash.
@@ -14,6 +12,15 @@ type luaScript struct {
 }
 
 func newScript(src string) luaScript { return luaScript{redis.NewScript(src), src} }
+
+// prelude begins both scripts: Redis 3.2 to 4 replicate their effects
+// (the default since Redis 5), which reading TIME before writing needs;
+// maxahead is local.MaxAhead in µs, the furthest past now an arrival time
+// runs; exact tells a number Lua holds exactly as an integer (below 2^53
+// in magnitude), what a counter the library wrote holds.
+const prelude = `if redis.replicate_commands then redis.replicate_commands() end
+local maxahead = 2305843009213693
+local function exact(x) return x ~= nil and x % 1 == 0 and x < 9007199254740992 and x > -9007199254740992 end`
 
 // pushScript applies one Batch at most once.
 //
@@ -30,9 +37,7 @@ func newScript(src string) luaScript { return luaScript{redis.NewScript(src), sr
 // key. An arrival time (rate > 0) moves delta intervals past max(itself,
 // TIME), at most local.MaxAhead past TIME (maxahead, µs), and expires a
 // minute after it has passed.
-var pushScript = newScript(`
-if redis.replicate_commands then redis.replicate_commands() end
-local maxahead = 2305843009213693
+var pushScript = newScript(prelude + `
 local seq = tonumber(ARGV[1])
 local m = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local dup = m >= seq
@@ -48,7 +53,7 @@ local function read(key)
   if not s then return 0 end
   if type(s) == 'table' then return s end
   local v = tonumber(s)
-  if v and v % 1 == 0 and v < 9007199254740992 and v > -9007199254740992 then return v end
+  if exact(v) then return v end
   return {err = 'counter holds a value that is not an integer'}
 end
 for i = 2, #KEYS do
@@ -73,7 +78,7 @@ for i = 2, #KEYS do
     v = tat
   else
     v = pcall('INCRBY', KEYS[i], ds)
-    if type(v) == 'number' and (v >= 9007199254740992 or v <= -9007199254740992) then
+    if type(v) == 'number' and not exact(v) then
       call('DECRBY', KEYS[i], ds) -- a foreign count: leave it as it was
       v = {err = 'counter holds an integer out of range'}
     elseif v == tonumber(ds) then
@@ -117,9 +122,7 @@ return out
 // not decided and changes nothing; the other requests of the call are
 // decided. A hash or list at a counter reads as absent (MGET): a decision
 // that only reads it, or an arrival time, which SET replaces, treats it so.
-var takeScript = newScript(`
-if redis.replicate_commands then redis.replicate_commands() end
-local maxahead = 2305843009213693
+var takeScript = newScript(prelude + `
 local seq = tonumber(ARGV[1])
 local nreq, nrules = tonumber(ARGV[4]), tonumber(ARGV[5])
 local ra = 6
@@ -156,7 +159,7 @@ local function fetch(list, from, to)
       local s, x = v[j], 0
       if s then
         x = tonumber(s)
-        if not x or x % 1 ~= 0 or x >= 9007199254740992 or x <= -9007199254740992 then
+        if not exact(x) then
           bad[list[a + j - 1]], x = true, 0
         end
       end
