@@ -35,6 +35,9 @@ func TestRedisTakeForeignCounter(t *testing.T) {
 	}
 	for name, rs := range rules {
 		for _, kind := range []string{"hash", "list", "text", "float", "max"} {
+			if kind == "max" && rs[len(rs)-1].Kind() == local.GCRA {
+				continue // an arrival time in the far future: a valid one
+			}
 			for _, peek := range []bool{false, true} {
 				t.Run(name+"/"+kind+"/peek="+strconv.FormatBool(peek), func(t *testing.T) {
 					pfx := redistest.Prefix(t)
@@ -46,9 +49,6 @@ func TestRedisTakeForeignCounter(t *testing.T) {
 					default:
 						wl, _ := last.Counter()
 						badKey = store.CounterKey(pfx, store.CounterOf(last, "bad", now/wl.Milliseconds()))
-					}
-					if kind == "max" && last.Kind() == local.GCRA {
-						t.Skip("an arrival time in the far future: a valid one")
 					}
 					if kind == "list" && last.Kind() == local.Log {
 						foreign(t, c, badKey, "hash")

@@ -80,15 +80,15 @@ func TestRedisPushForeignCounter(t *testing.T) {
 			{"arrival", store.Op{Counter: gcra, Delta: 1}},
 		} {
 			bad := oc.op
+			if (kind == "max" || kind == "big") && bad.Delta < 0 {
+				continue // an integer that a correction can lower: not foreign to it
+			}
 			t.Run(kind+"/"+oc.name, func(t *testing.T) {
 				pfx := redistest.Prefix(t)
 				bad.Key = "bad"
 				badKey := store.CounterKey(pfx, bad.Counter)
 				foreign(t, c, badKey, kind)
 				before, _ := c.Get(ctx, badKey).Result()
-				if (kind == "max" || kind == "big") && bad.Delta < 0 {
-					t.Skip("an integer that a correction can lower")
-				}
 				good := store.CounterKey(pfx, store.Counter{Key: "bad", Window: w, ID: id})
 				for seq := uint64(1); seq <= 3; seq++ {
 					// The same key, so the same group; the good counter
