@@ -283,6 +283,12 @@ func BenchmarkSync(b *testing.B) {
 		b.Run(fmt.Sprintf("impl=script-slots/keys=%s", count(nkeys)), func(b *testing.B) {
 			benchSyncScriptSlots(b, nkeys)
 		})
+		b.Run(fmt.Sprintf("impl=script-lanes/keys=%s", count(nkeys)), func(b *testing.B) {
+			benchSyncScriptLanes(b, nkeys, false)
+		})
+		b.Run(fmt.Sprintf("impl=script-lanes-hash/keys=%s", count(nkeys)), func(b *testing.B) {
+			benchSyncScriptLanes(b, nkeys, true)
+		})
 	}
 }
 
@@ -717,6 +723,113 @@ func benchSyncScriptSlots(b *testing.B, nkeys int) {
 		for _, slots := range bylane {
 			wg.Go(func() {
 				if err := push(ctx, slots); err != nil {
+					b.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		if b.Failed() {
+			b.FailNow()
+		}
+	}
+	runSyncShape(b, nkeys, run)
+}
+
+// hashPushScript is slotPushScript with the counters as fields of hashes:
+// HINCRBY per counter, PEXPIREAT once per hash and call when the call
+// creates a field of it.
+//
+//	KEYS: the marker, then per counter its hash; ARGV: seq, marker TTL
+//	(ms), the hashes' expiry (Unix ms), then per counter its field and
+//	delta
+var hashPushScript = redis.NewScript(`
+local seq = tonumber(ARGV[1])
+local dup = (tonumber(redis.call('GET', KEYS[1]) or '0') or 0) >= seq
+local out = {dup and 1 or 0}
+local expired = {}
+for i = 2, #KEYS do
+  local f, ds = ARGV[2 * i], ARGV[2 * i + 1]
+  if dup then
+    out[i] = tonumber(redis.call('HGET', KEYS[i], f) or '0')
+  else
+    local v = redis.call('HINCRBY', KEYS[i], f, ds)
+    if v == tonumber(ds) and not expired[KEYS[i]] then
+      redis.call('PEXPIREAT', KEYS[i], ARGV[3])
+      expired[KEYS[i]] = true
+    end
+    out[i] = v
+  end
+end
+if not dup then redis.call('SET', KEYS[1], seq, 'PX', ARGV[2]) end
+return out
+`)
+
+// benchSyncScriptLanes is the Redis store's standalone push without its
+// checks: the keys split into 4 lanes (by slot), each lane's keys in
+// script calls of 512 counters, a lane's calls pipelined on its own
+// connection, the 4 lanes at once. With hash set, the counters are fields
+// of 64 hashes per window (by slot) and the call is hashPushScript;
+// otherwise one string key per counter and slotPushScript.
+func benchSyncScriptLanes(b *testing.B, nkeys int, hash bool) {
+	c := syncClient(b)
+	prefix := redistest.Prefix(b)
+	const lanes, batch, shards = 4, 512, 64
+	counters := counterKeys(b, nkeys)
+	names := keyNames(nkeys)
+	win := time.Now().UnixMilli() / 60000
+	expireAt := (win+2)*60000 + 60000
+	hashes := make([]string, shards)
+	for i := range hashes {
+		hashes[i] = prefix + ":{" + strconv.Itoa(i) + "}:60000:" + strconv.FormatInt(win, 10)
+	}
+	bylane := make([][]int, lanes)
+	shard := make([]int, nkeys)
+	for i, k := range names {
+		s := store.Slot(k)
+		shard[i] = s % shards
+		bylane[s%lanes] = append(bylane[s%lanes], i)
+	}
+	var seq int64
+	push := func(ctx context.Context, lane int) error {
+		pipe := c.Pipeline()
+		var cmds []*redis.Cmd
+		items := bylane[lane]
+		for from := 0; from < len(items); from += batch {
+			part := items[from:min(from+batch, len(items))]
+			keys := make([]string, 1+len(part))
+			keys[0] = prefix + ":m:" + strconv.Itoa(lane) + ":" + strconv.Itoa(from)
+			if hash {
+				argv := make([]any, 3+2*len(part))
+				argv[0], argv[1], argv[2] = seq, 600000, expireAt
+				for k, i := range part {
+					keys[1+k], argv[3+2*k], argv[4+2*k] = hashes[shard[i]], names[i], 1
+				}
+				cmds = append(cmds, hashPushScript.Eval(ctx, pipe, keys, argv...))
+				continue
+			}
+			argv := make([]any, 3+len(part))
+			argv[0], argv[1], argv[2] = seq, 600000, expireAt
+			for k, i := range part {
+				keys[1+k], argv[3+k] = counters[i], 1
+			}
+			cmds = append(cmds, slotPushScript.Eval(ctx, pipe, keys, argv...))
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return err
+		}
+		for _, cmd := range cmds {
+			if _, err := cmd.Slice(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	run := func(ctx context.Context) {
+		seq++
+		var wg sync.WaitGroup
+		for lane := range lanes {
+			wg.Go(func() {
+				if err := push(ctx, lane); err != nil {
 					b.Error(err)
 				}
 			})
