@@ -56,6 +56,31 @@ func appendCounter(b []byte, c Counter) []byte {
 	return strconv.AppendInt(b, c.ID, 10)
 }
 
+// counterLen returns the length of what appendCounter appends for c.
+func counterLen(c Counter) int {
+	if c.Rate > 0 {
+		return 6 + intLen(c.Rate) + intLen(c.Burst)
+	}
+	n := intLen(c.Window) + 1 + intLen(c.ID)
+	if c.Span > 1 {
+		n += 1 + intLen(c.Span)
+	}
+	return n
+}
+
+// intLen returns the length of strconv.FormatInt(x, 10).
+func intLen(x int64) int {
+	n := 1
+	u := uint64(x)
+	if x < 0 {
+		n, u = 2, -u
+	}
+	for ; u >= 10; u /= 10 {
+		n++
+	}
+	return n
+}
+
 // LogKey returns the store key of key's log under prefix.
 func LogKey(prefix, key string) string {
 	return string(append(keyBase(prefix, key), "log"...))
@@ -78,10 +103,33 @@ const Slots = 16384
 
 // Slot returns the Redis Cluster hash slot of every counter of key.
 func Slot(key string) int {
-	var buf [96]byte
-	b := base64.RawURLEncoding.AppendEncode(buf[:0], []byte(key))
-	return int(crc16(b) % Slots)
+	// The CRC of base64url(key), fed the encoding's characters as they
+	// are made: no buffer, whatever the key's length.
+	var crc uint16
+	i := 0
+	for ; i+3 <= len(key); i += 3 {
+		v := uint(key[i])<<16 | uint(key[i+1])<<8 | uint(key[i+2])
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>18&63]]
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>12&63]]
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>6&63]]
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v&63]]
+	}
+	switch len(key) - i { // the last bytes, unpadded
+	case 2:
+		v := uint(key[i])<<16 | uint(key[i+1])<<8
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>18&63]]
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>12&63]]
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>6&63]]
+	case 1:
+		v := uint(key[i]) << 16
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>18&63]]
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>12&63]]
+	}
+	return int(crc % Slots)
 }
+
+// b64url is the alphabet of base64.RawURLEncoding.
+const b64url = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 
 // crc16 is CRC-16/XMODEM (polynomial 0x1021), the checksum Redis Cluster
 // hashes keys with.

@@ -2,6 +2,8 @@ package store
 
 import (
 	"encoding/base64"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -172,4 +174,60 @@ func TestTakeArgsKeys(t *testing.T) {
 		assert.True(t, ok, "argument %d is a %T", i, a)
 	}
 	assert.Equal(t, reqs[3].Now, *argv[len(argv)-1].(*int64))
+}
+
+func TestPushKeysAreCounterKeys(t *testing.T) {
+	b := &Batch{Prefix: "p", Ops: []Op{
+		{Counter: Counter{Key: "a", Window: 60_000, ID: 3}},
+		{Counter: Counter{Key: "", Window: 1000, ID: -1, Span: 4}},
+		{Counter: Counter{Key: "\x00{}\xff" + strings.Repeat("k", 300), Rate: 5000, Burst: 7}},
+	}}
+	keys := pushKeys("marker", b)
+	require.Len(t, keys, 1+len(b.Ops))
+	require.Equal(t, "marker", keys[0])
+	for j, op := range b.Ops {
+		require.Equal(t, CounterKey(b.Prefix, op.Counter), keys[1+j], "op %d", j)
+	}
+	require.Equal(t, []string{"m"}, pushKeys("m", &Batch{}))
+}
+
+func TestCounterLen(t *testing.T) {
+	for _, x := range []int64{0, 1, 9, 10, 99, 100, -1, -9, -10, math.MaxInt64, math.MinInt64, math.MinInt64 + 1, 1e18} {
+		for _, c := range []Counter{
+			{Window: x, ID: x}, {Window: 60_000, ID: x, Span: x}, {Window: x, ID: 7, Span: 2},
+			{Rate: 1, Burst: x}, {Rate: max(x, 1), Burst: x},
+		} {
+			require.Equal(t, len(appendCounter(nil, c)), counterLen(c), "%+v", c)
+		}
+	}
+}
+
+// Slot is the slot of the encoded key at every length (each remainder of
+// the encoding's 3-byte groups) and for every byte value.
+func TestSlotIsTheEncodedKeysSlot(t *testing.T) {
+	b := make([]byte, 0, 300)
+	for n := range 300 {
+		for _, k := range []string{string(b), strings.Repeat("\xff", n), strings.Repeat("?", n)} {
+			want := int(crc16([]byte(base64.RawURLEncoding.EncodeToString([]byte(k)))) % Slots)
+			require.Equal(t, want, Slot(k), "key %q", k)
+		}
+		b = append(b, byte(n*37+n/3))
+	}
+}
+
+func BenchmarkSlot(b *testing.B) {
+	for _, n := range []int{8, 24, 100} {
+		key := strings.Repeat("k", n)
+		b.Run("fused/"+strconv.Itoa(n), func(b *testing.B) {
+			for b.Loop() {
+				Slot(key)
+			}
+		})
+		b.Run("encoded/"+strconv.Itoa(n), func(b *testing.B) {
+			for b.Loop() {
+				var buf [96]byte
+				_ = int(crc16(base64.RawURLEncoding.AppendEncode(buf[:0], []byte(key))) % Slots)
+			}
+		})
+	}
 }

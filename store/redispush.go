@@ -2,8 +2,10 @@ package store
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -63,13 +65,11 @@ func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, add
 	// one batch and run the next of its group, out of order.
 	cmds := s.exec(ctx, pushScript, true, send, func(i int) ([]string, []any) {
 		b := batches[i]
-		keys := make([]string, 1+len(b.Ops))
-		keys[0] = markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node)
+		keys := pushKeys(markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node), b)
 		argv := make([]any, 2+2*len(b.Ops))
 		argv[0], argv[1] = b.Seq, ttl
 		for j := range b.Ops {
 			op := &b.Ops[j]
-			keys[1+j] = CounterKey(b.Prefix, op.Counter)
 			argv[2+2*j], argv[3+2*j] = op.Delta, op.Rate
 		}
 		return keys, argv
@@ -80,6 +80,32 @@ func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, add
 		s.merge(outcome, addrs[i], cmdErr(cmds[k]))
 	}
 	s.reportAll(ctx, outcome, sent)
+}
+
+// pushKeys returns the keys of b's script call: marker, then per op
+// CounterKey(b.Prefix, op.Counter). The counters' keys are parts of one
+// string, built in one buffer of their exact length: a few allocations
+// per batch instead of two per op, and no byte allocated twice.
+func pushKeys(marker string, b *Batch) []string {
+	n := 0
+	for j := range b.Ops {
+		n += len(b.Prefix) + 4 + base64.RawURLEncoding.EncodedLen(len(b.Ops[j].Key)) + counterLen(b.Ops[j].Counter)
+	}
+	buf := make([]byte, 0, n)
+	ends := make([]int, len(b.Ops))
+	for j := range b.Ops {
+		buf = appendCounter(appendKeyBase(buf, b.Prefix, b.Ops[j].Key), b.Ops[j].Counter)
+		ends[j] = len(buf)
+	}
+	// buf is never written again: the string shares its bytes.
+	all := unsafe.String(unsafe.SliceData(buf), len(buf))
+	keys := make([]string, 1+len(b.Ops))
+	keys[0] = marker
+	from := 0
+	for j, end := range ends {
+		keys[1+j], from = all[from:end], end
+	}
+	return keys
 }
 
 // readPush sets b's results from its script call.
