@@ -707,30 +707,11 @@ func benchSyncScriptSlots(b *testing.B, nkeys int) {
 			}
 			cmds[j] = slotPushScript.Eval(ctx, pipe, keys, argv...)
 		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			return err
-		}
-		for _, cmd := range cmds {
-			if _, err := cmd.Slice(); err != nil {
-				return err
-			}
-		}
-		return nil
+		return execReplies(ctx, pipe, cmds)
 	}
 	run := func(ctx context.Context) {
 		seq++
-		var wg sync.WaitGroup
-		for _, slots := range bylane {
-			wg.Go(func() {
-				if err := push(ctx, slots); err != nil {
-					b.Error(err)
-				}
-			})
-		}
-		wg.Wait()
-		if b.Failed() {
-			b.FailNow()
-		}
+		eachLane(b, ctx, lanes, func(ctx context.Context, lane int) error { return push(ctx, bylane[lane]) })
 	}
 	runSyncShape(b, nkeys, run)
 }
@@ -814,32 +795,44 @@ func benchSyncScriptLanes(b *testing.B, nkeys int, hash bool) {
 			}
 			cmds = append(cmds, slotPushScript.Eval(ctx, pipe, keys, argv...))
 		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			return err
-		}
-		for _, cmd := range cmds {
-			if _, err := cmd.Slice(); err != nil {
-				return err
-			}
-		}
-		return nil
+		return execReplies(ctx, pipe, cmds)
 	}
 	run := func(ctx context.Context) {
 		seq++
-		var wg sync.WaitGroup
-		for lane := range lanes {
-			wg.Go(func() {
-				if err := push(ctx, lane); err != nil {
-					b.Error(err)
-				}
-			})
-		}
-		wg.Wait()
-		if b.Failed() {
-			b.FailNow()
-		}
+		eachLane(b, ctx, lanes, push)
 	}
 	runSyncShape(b, nkeys, run)
+}
+
+// execReplies runs pipe and returns the first error of it or of the
+// replies of cmds, each read as a script's array.
+func execReplies(ctx context.Context, pipe redis.Pipeliner, cmds []*redis.Cmd) error {
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
+	}
+	for _, cmd := range cmds {
+		if _, err := cmd.Slice(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// eachLane runs push for every lane at once, and ends the benchmark if
+// one fails.
+func eachLane(b *testing.B, ctx context.Context, lanes int, push func(ctx context.Context, lane int) error) {
+	var wg sync.WaitGroup
+	for lane := range lanes {
+		wg.Go(func() {
+			if err := push(ctx, lane); err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if b.Failed() {
+		b.FailNow()
+	}
 }
 
 // syncClient returns a client of the test server whose reads and writes
