@@ -45,8 +45,11 @@ func (m *Middleware) deny(w http.ResponseWriter, r *http.Request, key string, re
 	case res.Blocked:
 	case t.multi:
 		var st [hybridlimit.MaxRules]hybridlimit.RuleState
-		states, _ := m.l.State(r.Context(), key, st[:0])
+		states, _ := m.l.TierState(r.Context(), key, res.Tier, st[:0])
 		for i, s := range states {
+			if i >= len(t.policy.names) {
+				break
+			}
 			if s.Remaining < n || i == res.Rule {
 				violated = append(violated, t.policy.names[i])
 			}

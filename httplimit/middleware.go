@@ -120,7 +120,7 @@ type Middleware struct {
 // tier is what the headers of one tier's keys need.
 type tier struct {
 	policy *Policy
-	multi  bool    // several rules: the RateLimit field needs State
+	multi  bool    // several rules: the RateLimit field needs TierState
 	quota  []int64 // per rule: RateLimit-Limit (see Quota)
 }
 
@@ -286,7 +286,7 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 		states := st[:0]
 		if t.multi {
 			var err error
-			states, err = m.l.State(ctx, key, states)
+			states, err = m.l.TierState(ctx, key, res.Tier, states) // the decision's rules, wherever the key is now
 			if err != nil {
 				states = states[:0]
 			}
