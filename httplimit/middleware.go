@@ -286,9 +286,11 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 		states := st[:0]
 		if t.multi {
 			var err error
-			states, err = m.l.TierState(ctx, key, res.Tier, states) // the decision's rules, wherever the key is now
+			// The decision's rules, wherever the key is now; the
+			// decision's own rule if the limiter was closed since.
+			states, err = m.l.TierState(ctx, key, res.Tier, states)
 			if err != nil {
-				states = states[:0]
+				states = append(states[:0], hybridlimit.RuleState{Rule: res.Rule, Remaining: res.Remaining, ResetAfter: res.ResetAfter})
 			}
 		} else {
 			states = append(states, hybridlimit.RuleState{Rule: 0, Remaining: res.Remaining, ResetAfter: res.ResetAfter})
