@@ -247,6 +247,28 @@ func (l *Limiter) State(ctx context.Context, key string, dst []RuleState) ([]Rul
 	if err != nil {
 		return dst, err
 	}
+	return l.state(t, key, dst), nil
+}
+
+// TierState is State for the rules of the named tier ("" for
+// Config.Rules), whatever tier key is in now. With Result.Tier it
+// describes the rules a decision was made by, also when SetOverride,
+// ClearOverride or Config.TierOf moved the key to another tier since: the
+// per-rule response headers of a decision then match its Result. A name
+// that is not a tier gives an error wrapping ErrUnknownTier.
+func (l *Limiter) TierState(ctx context.Context, key, tier string, dst []RuleState) ([]RuleState, error) {
+	if l.closed.Load() || uint(len(key)-1) >= uint(l.cfg.MaxKeyLen) {
+		return dst, l.keyError(key)
+	}
+	t := l.byName[tier]
+	if t == nil {
+		return dst, &inputError{fmt.Sprintf("hybridlimit: TierState: tier %q is not in Config.Tiers", tier), ErrUnknownTier}
+	}
+	return l.state(t, key, dst), nil
+}
+
+// state appends the state of every rule of t for key to dst.
+func (l *Limiter) state(t *tier, key string, dst []RuleState) []RuleState {
 	var counts [MaxRules]local.Counts
 	t.table.View(key, l.clock.now(), 1, counts[:len(t.rules)])
 	for i := range t.rules {
@@ -254,7 +276,7 @@ func (l *Limiter) State(ctx context.Context, key string, dst []RuleState) ([]Rul
 		r := &t.cfg[i]
 		dst = append(dst, RuleState{Rule: i, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset)})
 	}
-	return dst, nil
+	return dst
 }
 
 // inputError is an error about the caller's input, wrapping a sentinel.

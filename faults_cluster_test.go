@@ -2,6 +2,9 @@ package hybridlimit_test
 
 import (
 	"context"
+	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -37,7 +40,16 @@ import (
 //     answer was lost;
 //   - no caller gets an error;
 //   - pushes and decisions on the killed shard's keys succeed again within
-//     a bound of the measured failover time.
+//     a bound of the measured failover time, counted only from calls that
+//     started once the killed process was gone.
+//
+// What the test does not assume is prompt scheduling: on a loaded machine
+// a round trip to a healthy master can take longer than half the
+// StoreTimeout, and the store then refuses the request for its deadline
+// (store.Failed, counted nowhere) and the FailurePolicy decides it. Those
+// decisions are Degraded by design; every other failure on a healthy shard
+// fails the test. The traffic runs until a healthy synchronous key reached
+// its limit, however slowly the nodes decide.
 func TestFaultClusterMasterKilled(t *testing.T) {
 	for _, coverage := range []string{"no", "yes"} {
 		t.Run("full-coverage="+coverage, func(t *testing.T) { clusterMasterKilled(t, coverage) })
@@ -89,13 +101,19 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	// Every node records when a push or decision on the killed shard was
 	// last applied, and the synchronous requests whose answer was lost.
 	var killedAt atomic.Int64 // Unix ns, 0 before the kill
-	var inDoubtTakes, healthyInDoubt atomic.Int64
+	var goneAt atomic.Int64   // Unix ns once the killed process is gone, 0 before
+	var inDoubtTakes, healthyInDoubt, healthyLate, healthyFailed atomic.Int64
+	var trafficOn atomic.Bool
 	type node struct {
 		l         *hybridlimit.Limiter
 		recovered atomic.Int64 // Unix ns of the first success on the killed shard after the kill
 	}
-	mark := func(n *node, end time.Time) {
-		if k := killedAt.Load(); k != 0 && end.UnixNano() > k {
+	// mark records a success on the killed shard of a call that started
+	// once the process was gone: the signal takes effect some time after
+	// killedAt, and a loaded machine can make that long enough for calls
+	// to the victim itself to succeed in between.
+	mark := func(n *node, start, end time.Time) {
+		if g := goneAt.Load(); g != 0 && start.UnixNano() > g {
 			n.recovered.CompareAndSwap(0, end.UnixNano())
 		}
 	}
@@ -106,24 +124,30 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 		w := &watched{Store: newRedisStore(t, newClient())}
 		w.onPush = func(start, end time.Time, bs []*store.Batch) {
 			for _, b := range bs {
-				if b.Status == store.Applied && onShard(victim, b.Group) && start.UnixNano() > killedAt.Load() {
-					mark(n, end)
+				if b.Status == store.Applied && onShard(victim, b.Group) {
+					mark(n, start, end)
 				}
 			}
 		}
 		w.onTake = func(start, end time.Time, rs []*store.TakeRequest) {
 			for _, r := range rs {
 				if !killedKey[r.Key] {
-					if r.Status == store.InDoubt {
+					switch {
+					case r.Status == store.InDoubt:
 						healthyInDoubt.Add(1)
+					case r.Status == store.Applied || !trafficOn.Load():
+					case lateTake(r, end):
+						healthyLate.Add(1)
+					default:
+						if healthyFailed.Add(1) <= 5 && coverage == "no" {
+							t.Logf("synchronous request on healthy key %q: %v: %v", r.Key, r.Status, r.Err)
+						}
 					}
 					continue
 				}
 				switch r.Status {
 				case store.Applied:
-					if start.UnixNano() > killedAt.Load() {
-						mark(n, end)
-					}
+					mark(n, start, end)
 				case store.InDoubt:
 					inDoubtTakes.Add(1)
 				}
@@ -162,6 +186,7 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	ctx := context.Background()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	trafficOn.Store(true)
 	start := time.Now()
 	for _, n := range asyncNodes {
 		traffic(&wg, 4, stop, func(g, i int) bool {
@@ -216,11 +241,16 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	beforeA, beforeS := admittedA.sum(killedAsync), admittedS.sum(killedSync)
 	time.Sleep(100 * time.Millisecond)
 	killedAt.Store(time.Now().UnixNano())
-	srv.Kill()
+	srv.Kill() // returns once the process is gone
+	goneAt.Store(time.Now().UnixNano())
 	kill := time.Unix(0, killedAt.Load())
+	// What the victim acknowledged and had not replicated was admitted
+	// before it was gone: from 100 ms before the signal to the process'
+	// end (longer than 100 ms when the machine is slow to deliver it).
 	windowA, windowS := admittedA.sum(killedAsync)-beforeA, admittedS.sum(killedSync)-beforeS
-	t.Logf("killed master %s (slots %v) at +%v; admitted on its keys in the 100 ms before: %d async, %d synchronous",
-		victim.Master, victim.Slots, kill.Sub(start).Round(time.Millisecond), windowA, windowS)
+	t.Logf("killed master %s (slots %v) at +%v, gone %v later; admitted on its keys from 100 ms before: %d async, %d synchronous",
+		victim.Master, victim.Slots, kill.Sub(start).Round(time.Millisecond),
+		time.Duration(goneAt.Load()-killedAt.Load()).Round(time.Millisecond), windowA, windowS)
 
 	// The cluster's failover: a replica serves the victim's slots.
 	probe := newClient()
@@ -252,7 +282,15 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	time.Sleep(500 * time.Millisecond) // traffic on the recovered shard
+	// Traffic on the recovered shard, and until a healthy synchronous key
+	// reached its limit (some 1–2 s after the kill on an idle machine,
+	// later on a loaded one, which decides fewer requests a second).
+	time.Sleep(500 * time.Millisecond)
+	for limitDeadline := time.Now().Add(30 * time.Second); time.Now().Before(limitDeadline); time.Sleep(20 * time.Millisecond) {
+		if slices.ContainsFunc(healthySync, func(k string) bool { return admittedS.get(k) >= syncLimit }) {
+			break
+		}
+	}
 	close(stop)
 	wg.Wait()
 	recA, recS := recovered(asyncNodes), recovered(syncNodes)
@@ -272,10 +310,13 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	assert.True(t, recS > 0 && recS <= bound, "synchronous decisions on the failed shard recovered after %v, want within %v", recS, bound)
 	assert.Zero(t, healthyInDoubt.Load(), "synchronous requests on healthy shards were in doubt")
 	if coverage == "no" {
-		assert.Zero(t, degradedHealthy.Load(), "synchronous decisions on healthy shards were degraded")
+		// Every degraded decision on a healthy shard is one the store
+		// refused because its request arrived after its deadline.
+		assert.Zero(t, healthyFailed.Load(), "synchronous requests on healthy shards failed other than by arriving late")
+		assert.LessOrEqual(t, degradedHealthy.Load(), healthyLate.Load(), "synchronous decisions on healthy shards were degraded beyond the requests that arrived late")
 	}
-	t.Logf("degraded synchronous decisions: %d on healthy shards, %d on the killed shard; requests in doubt on the killed shard: %d",
-		degradedHealthy.Load(), degradedKilled.Load(), inDoubtTakes.Load())
+	t.Logf("degraded synchronous decisions: %d on healthy shards (%d requests arrived after their deadline), %d on the killed shard; requests in doubt on the killed shard: %d",
+		degradedHealthy.Load(), healthyLate.Load(), degradedKilled.Load(), inDoubtTakes.Load())
 
 	read := newClient()
 	ids := hourIDs(start, end)
@@ -307,4 +348,13 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 		admittedA.sum(killedAsync), lostA, admittedS.sum(killedSync), -lostS)
 	assert.LessOrEqual(t, lostA, windowA, "async increments lost beyond what was admitted in the 100 ms before the kill")
 	assert.LessOrEqual(t, lostS, windowS, "synchronous admissions lost beyond those of the 100 ms before the kill")
+}
+
+// lateTake reports whether the store refused r because it arrived after
+// its deadline, the take having ended (at end) past that deadline, give or
+// take 50 ms for the limiter's estimate of the store's clock: what a round
+// trip slower than half the StoreTimeout gets.
+func lateTake(r *store.TakeRequest, end time.Time) bool {
+	return r.Status == store.Failed && errors.Is(r.Err, store.ErrUnavailable) &&
+		strings.Contains(r.Err.Error(), "after its deadline") && end.UnixMicro()+50_000 >= r.Deadline
 }

@@ -58,15 +58,19 @@ func seconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// states appends the state of every rule for key to dst: from the limiter
-// with several rules, from res with one.
+// states appends the state of every rule of res's tier for key to dst:
+// from the limiter with several rules (the decision's tier, wherever the
+// key is now), from res with one, and from res too when the limiter can no
+// longer say (it was closed since the decision): never none.
 func (i *Interceptor) states(ctx context.Context, key string, res *hybridlimit.Result, dst []hybridlimit.RuleState) []hybridlimit.RuleState {
+	own := hybridlimit.RuleState{Rule: res.Rule, Limit: res.Limit, Window: res.Window, Remaining: res.Remaining, ResetAfter: res.ResetAfter}
 	if !i.tierOf(res).multi {
-		return append(dst, hybridlimit.RuleState{Rule: 0, Limit: res.Limit, Window: res.Window, Remaining: res.Remaining, ResetAfter: res.ResetAfter})
+		own.Rule = 0
+		return append(dst, own)
 	}
-	states, err := i.l.State(ctx, key, dst)
+	states, err := i.l.TierState(ctx, key, res.Tier, dst)
 	if err != nil {
-		return dst
+		return append(dst, own)
 	}
 	return states
 }
@@ -91,8 +95,9 @@ func (i *Interceptor) metadata(ctx context.Context, key string, res *hybridlimit
 	}
 	if draft {
 		var st [hybridlimit.MaxRules]hybridlimit.RuleState
-		b = t.policy.AppendRateLimit(b, i.states(ctx, key, res, st[:0]), d.maxT)
-		add(mdRateLimit)
+		if b = t.policy.AppendRateLimit(b, i.states(ctx, key, res, st[:0]), d.maxT); len(b) > 0 {
+			add(mdRateLimit) // an empty value is no field
+		}
 	}
 	if legacy {
 		reset := seconds(res.ResetAfter)

@@ -45,10 +45,15 @@ func (m *Middleware) deny(w http.ResponseWriter, r *http.Request, key string, re
 	case res.Blocked:
 	case t.multi:
 		var st [hybridlimit.MaxRules]hybridlimit.RuleState
-		states, _ := m.l.State(r.Context(), key, st[:0])
-		for i, s := range states {
-			if s.Remaining < n || i == res.Rule {
-				violated = append(violated, t.policy.names[i])
+		// The decision's rules, wherever the key is now; the decision's
+		// own rule if the limiter was closed since.
+		states, err := m.l.TierState(r.Context(), key, res.Tier, st[:0])
+		if err != nil {
+			states = append(states[:0], hybridlimit.RuleState{Rule: res.Rule, Remaining: res.Remaining})
+		}
+		for _, s := range states {
+			if s.Rule >= 0 && s.Rule < len(t.policy.names) && (s.Remaining < n || s.Rule == res.Rule) {
+				violated = append(violated, t.policy.names[s.Rule])
 			}
 		}
 	default:

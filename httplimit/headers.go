@@ -3,6 +3,8 @@ package httplimit
 import (
 	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"time"
@@ -66,18 +68,35 @@ func appendSFString(b []byte, s string) []byte {
 }
 
 // Quota returns the quota a rule advertises and the window it is given
-// over: Limit per Window; for a token or leaky bucket, its burst over the
-// time the burst takes to come back at the rate (so that quota/window is
-// the rate).
+// over: Limit per Window; for a token or leaky bucket, its burst (Burst,
+// or Limit when Burst is 0) over the time the burst takes to come back at
+// the rate, Window·burst/Limit rounded down to the nanosecond (so that
+// quota/window is the rate).
+//
+// Quota is defined for every Rule, also one New would refuse: the quota is
+// never negative (a negative count gives 0), nor is the window, which is 0
+// when it cannot be computed (a Window not above 0, or a bucket whose
+// Limit is not above 0 or whose burst is 0) and saturates at the longest
+// time.Duration when the exact value is longer.
 func Quota(r hybridlimit.Rule) (quota int64, window time.Duration) {
 	if r.Type != hybridlimit.TokenBucket && r.Type != hybridlimit.LeakyBucket {
-		return r.Limit, r.Window
+		return max(r.Limit, 0), max(r.Window, 0)
 	}
 	burst := r.Burst
 	if burst == 0 {
 		burst = r.Limit
 	}
-	return burst, time.Duration(float64(r.Window) * float64(burst) / float64(r.Limit))
+	burst = max(burst, 0)
+	if r.Window <= 0 || r.Limit <= 0 || burst == 0 {
+		return burst, 0
+	}
+	// Window·burst/Limit in 128 bits: all three are positive int64s.
+	hi, lo := bits.Mul64(uint64(r.Window), uint64(burst))
+	if hi >= uint64(r.Limit) { // the quotient needs more than 64 bits
+		return burst, math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(r.Limit))
+	return burst, time.Duration(min(q, math.MaxInt64))
 }
 
 // seconds rounds d up to whole seconds, never below zero: the

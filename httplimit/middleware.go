@@ -120,7 +120,7 @@ type Middleware struct {
 // tier is what the headers of one tier's keys need.
 type tier struct {
 	policy *Policy
-	multi  bool    // several rules: the RateLimit field needs State
+	multi  bool    // several rules: the RateLimit field needs TierState
 	quota  []int64 // per rule: RateLimit-Limit (see Quota)
 }
 
@@ -286,9 +286,11 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 		states := st[:0]
 		if t.multi {
 			var err error
-			states, err = m.l.State(ctx, key, states)
+			// The decision's rules, wherever the key is now; the
+			// decision's own rule if the limiter was closed since.
+			states, err = m.l.TierState(ctx, key, res.Tier, states)
 			if err != nil {
-				states = states[:0]
+				states = append(states[:0], hybridlimit.RuleState{Rule: res.Rule, Remaining: res.Remaining, ResetAfter: res.ResetAfter})
 			}
 		} else {
 			states = append(states, hybridlimit.RuleState{Rule: 0, Remaining: res.Remaining, ResetAfter: res.ResetAfter})

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -44,6 +45,47 @@ type Policy struct {
 	Strikes int
 }
 
+// MaxStrikes is the largest strikes count a store keeps: a count read
+// larger (another program's write) counts as MaxStrikes, and Escalate
+// adds no strike beyond it. Any count past 62 already gives the longest
+// block.
+const MaxStrikes = 1 << 20
+
+// maxPolicyMs is the largest instant (Unix ms) a policy or Escalate's now
+// may hold: 2^52, some 142,000 years, so that an instant plus any two
+// time.Durations in ms stays below 2^53, where the Redis store's scripts
+// (whose numbers are doubles) still count exactly.
+const maxPolicyMs = 1 << 52
+
+// checkPolicy returns an error naming the field of p a store cannot keep.
+func checkPolicy(p *Policy) error {
+	switch {
+	case p.Kind != Override && p.Kind != Block:
+		return fmt.Errorf("store: policy of key %q: Kind is %v, want Override or Block", p.Key, p.Kind)
+	case p.Until < 0 || p.Until > maxPolicyMs:
+		return fmt.Errorf("store: policy of key %q: Until is %d, want 0 (never ends) to %d (Unix ms)", p.Key, p.Until, int64(maxPolicyMs))
+	case p.Strikes < 0 || p.Strikes > MaxStrikes:
+		return fmt.Errorf("store: policy of key %q: Strikes is %d, want 0 to %d", p.Key, p.Strikes, MaxStrikes)
+	}
+	return nil
+}
+
+// checkEscalate returns an error naming the argument of Escalate that is
+// out of its range.
+func checkEscalate(key string, now int64, base, max, forget time.Duration) error {
+	switch {
+	case now < 0 || now > maxPolicyMs:
+		return fmt.Errorf("store: block key %q: now is %d, want 0 to %d (Unix ms)", key, now, int64(maxPolicyMs))
+	case base < time.Millisecond:
+		return fmt.Errorf("store: block key %q: base is %v, want 1ms to max", key, base)
+	case max < base:
+		return fmt.Errorf("store: block key %q: max is %v, want base (%v) or more", key, max, base)
+	case forget < 0:
+		return fmt.Errorf("store: block key %q: forget is %v, want 0 or more", key, forget)
+	}
+	return nil
+}
+
 // InForce reports whether p holds at now (Unix ms).
 func (p *Policy) InForce(now int64) bool { return p.Until == 0 || p.Until > now }
 
@@ -73,10 +115,14 @@ type PolicyStore interface {
 }
 
 // escalation returns a block's length for its strike n (1-based): base
-// doubled n−1 times, at most max.
+// doubled n−1 times, at most max. It saturates at max rather than wrap,
+// and takes at most 63 steps whatever n is.
 func escalation(base, max time.Duration, n int) time.Duration {
 	d := base
-	for i := 1; i < n && d < max; i++ {
+	for i := 1; i < n && d > 0 && d < max; i++ {
+		if d > max/2 {
+			return max
+		}
 		d *= 2
 	}
 	return min(d, max)
@@ -101,8 +147,8 @@ func parsePolicy(field, value string) (Policy, bool) {
 	until, rest, ok1 := strings.Cut(value, "|")
 	strikes, v, ok2 := strings.Cut(rest, "|")
 	u, err1 := strconv.ParseInt(until, 10, 64)
-	n, err2 := strconv.Atoi(strikes)
-	if !ok1 || !ok2 || err1 != nil || err2 != nil {
+	n, ok3 := parseStrikeCount(strikes)
+	if !ok1 || !ok2 || err1 != nil || !ok3 {
 		return Policy{}, false
 	}
 	return Policy{Kind: PolicyKind(kind[0]), Key: key, Value: v, Until: u, Strikes: n}, true
@@ -111,6 +157,9 @@ func parsePolicy(field, value string) (Policy, bool) {
 // PutPolicy implements PolicyStore.
 func (s *Memory) PutPolicy(ctx context.Context, prefix string, p Policy, now int64) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := checkPolicy(&p); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -144,6 +193,9 @@ func (s *Memory) Escalate(ctx context.Context, prefix, key, reason string, now i
 	if err := ctx.Err(); err != nil {
 		return Policy{}, err
 	}
+	if err := checkEscalate(key, now, base, max, forget); err != nil {
+		return Policy{}, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.policyHash(prefix)
@@ -156,7 +208,7 @@ func (s *Memory) Escalate(ctx context.Context, prefix, key, reason string, now i
 			strikes = n
 		}
 	}
-	p := Policy{Kind: Block, Key: key, Value: reason, Strikes: strikes + 1}
+	p := Policy{Kind: Block, Key: key, Value: reason, Strikes: min(strikes+1, MaxStrikes)}
 	p.Until = now + escalation(base, max, p.Strikes).Milliseconds()
 	h[policyField(Block, key)] = policyValue(&p)
 	h["s:"+key] = strconv.FormatInt(p.Until+forget.Milliseconds(), 10) + "|" + strconv.Itoa(p.Strikes) + "|"
@@ -221,9 +273,23 @@ func parseStrikes(v string) (int64, int, bool) {
 	until, rest, ok := strings.Cut(v, "|")
 	n, _, ok2 := strings.Cut(rest, "|")
 	u, err1 := strconv.ParseInt(until, 10, 64)
-	k, err2 := strconv.Atoi(n)
-	return u, k, ok && ok2 && err1 == nil && err2 == nil
+	k, ok3 := parseStrikeCount(n)
+	return u, k, ok && ok2 && err1 == nil && ok3
 }
+
+// parseStrikeCount reads a strikes count, which only another program can
+// have made negative or larger than MaxStrikes: it saturates to 0 to
+// MaxStrikes. ok is false when v is not an integer.
+func parseStrikeCount(v string) (int, bool) {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) { // out of range: n is ±MaxInt64
+		return 0, false
+	}
+	return clampStrikes(n), true
+}
+
+// clampStrikes returns n within 0 to MaxStrikes.
+func clampStrikes(n int64) int { return int(min(max(n, 0), MaxStrikes)) }
 
 // TagCount is a tag and the cost counted for it.
 type TagCount struct {

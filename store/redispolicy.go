@@ -45,20 +45,29 @@ return n
 
 // escalateScript: ARGV key, reason, now, base, max, forget (ms). Returns
 // the block in force: until, strikes, reason.
+// Counts another program wrote saturate to 0 to MaxStrikes, as the Go
+// side reads them; an until past 2^63 is not a block, as it fails Go's
+// ParseInt. Checked arguments: base ≥ 1 ms, so the doubling ends.
 var escalateScript = redis.NewScript(prunePolicyLua + `
 local now, base, max, forget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local function count(n)
+  n = tonumber(n)
+  if n < 0 then return 0 end
+  if n > ` + strconv.Itoa(MaxStrikes) + ` then return ` + strconv.Itoa(MaxStrikes) + ` end
+  return n
+end
 local cur = redis.call('HGET', KEYS[1], 'b:' .. ARGV[1])
 if cur then
-  local u, n, r = string.match(cur, '^(%d+)|(%d+)|(.*)$')
-  if u and (tonumber(u) == 0 or tonumber(u) > now) then return {tonumber(u), tonumber(n), r} end
+  local u, n, r = string.match(cur, '^(%d+)|(-?%d+)|(.*)$')
+  if u and tonumber(u) < 2^63 and (tonumber(u) == 0 or tonumber(u) > now) then return {tonumber(u), count(n), r} end
 end
 local strikes = 0
 local s = redis.call('HGET', KEYS[1], 's:' .. ARGV[1])
 if s then
-  local u, n = string.match(s, '^(%d+)|(%d+)|')
-  if u and tonumber(u) > now then strikes = tonumber(n) end
+  local u, n = string.match(s, '^(%d+)|(-?%d+)|')
+  if u and tonumber(u) > now then strikes = count(n) end
 end
-strikes = strikes + 1
+if strikes < ` + strconv.Itoa(MaxStrikes) + ` then strikes = strikes + 1 end
 local d = base
 for _ = 2, strikes do
   if d >= max then break end
@@ -84,6 +93,9 @@ return out
 
 // PutPolicy implements PolicyStore.
 func (s *Redis) PutPolicy(ctx context.Context, prefix string, p Policy, now int64) error {
+	if err := checkPolicy(&p); err != nil {
+		return err
+	}
 	s.calls.Add(1)
 	err := putPolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(p.Kind, p.Key), policyValue(&p), now).Err()
 	if err != nil {
@@ -104,6 +116,9 @@ func (s *Redis) DeletePolicy(ctx context.Context, prefix string, kind PolicyKind
 
 // Escalate implements PolicyStore.
 func (s *Redis) Escalate(ctx context.Context, prefix, key, reason string, now int64, base, max, forget time.Duration) (Policy, error) {
+	if err := checkEscalate(key, now, base, max, forget); err != nil {
+		return Policy{}, err
+	}
 	s.calls.Add(1)
 	v, err := escalateScript.Run(ctx, s.c, policyKeys(prefix), key, reason, now,
 		base.Milliseconds(), max.Milliseconds(), forget.Milliseconds()).Slice()
@@ -116,7 +131,7 @@ func (s *Redis) Escalate(ctx context.Context, prefix, key, reason string, now in
 	until, _ := v[0].(int64)
 	n, _ := v[1].(int64)
 	r, _ := v[2].(string)
-	return Policy{Kind: Block, Key: key, Value: r, Until: until, Strikes: int(n)}, nil
+	return Policy{Kind: Block, Key: key, Value: r, Until: until, Strikes: clampStrikes(n)}, nil
 }
 
 // PolicyVersion implements PolicyStore.
