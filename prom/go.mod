@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261123224459-2cdf3057f474
+	github.com/hybridlimit/hybridlimit v0.0.0-20261123225440-bc49c0050a0d
 	github.com/stretchr/testify v1.12.1
 )
 
