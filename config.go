@@ -155,10 +155,10 @@ type Config struct {
 	// for keys that need other limits: a free plan and a paid one, say. A
 	// key's tier is the one an override names (Limiter.SetOverride),
 	// else the one TierOf names, else the default. At most MaxTiers tiers;
-	// names are 1 to 64 printable ASCII characters. Each tier holds up to
-	// MaxKeys keys. A key's counters in the store are shared by the tiers
-	// whose rules count alike, so a key that changes tier keeps what it
-	// spent on them (see docs/policies.md).
+	// names are 1 to 64 printable ASCII characters, without spaces. Each
+	// tier holds up to MaxKeys keys. A key's counters in the store are
+	// shared by the tiers whose rules count alike, so a key that changes
+	// tier keeps what it spent on them (see docs/policies.md).
 	Tiers map[string][]Rule
 
 	// TierOf, if set, returns a key's tier: "" for Rules, or a name in
