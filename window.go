@@ -87,7 +87,8 @@ func (a Algorithm) String() string {
 type Rule struct {
 	// Limit is the cost admitted per window, 1 to MaxLimit (a Log rule:
 	// at most MaxLogLimit). For TokenBucket and LeakyBucket, Limit per
-	// Window is the rate.
+	// Window is the rate, at most one per microsecond (Window/Limit ≥
+	// 1µs).
 	Limit int64
 	// Window is the window size: a whole number of milliseconds from 1ms
 	// to MaxWindow. Windows are aligned to multiples of Window since the

@@ -62,20 +62,22 @@ type RedisOptions struct {
 	// circuit for BreakerMin (the calls already on their way that fail
 	// with it count as one failure), each failed probe doubles it up to
 	// BreakerMax. A call its caller canceled counts for nothing. Defaults
-	// 100ms and 5s; a negative BreakerMin disables the breaker.
+	// 100ms and 5s, 1ms ≤ BreakerMin ≤ BreakerMax ≤ 1h; a negative
+	// BreakerMin disables the breaker.
 	BreakerMin, BreakerMax time.Duration
-	// WaitReplicas, when positive, makes every call wait until that many
-	// replicas have its writes (Redis WAIT), for at most WaitTimeout
-	// (default 50ms, 1ms to 10s). A call that is not acknowledged in time
-	// is in doubt: a push is sent again until a master that its replicas
-	// follow applies it (exactly once, by its marker), and a synchronous
-	// decision goes to the FailurePolicy. A failover then loses nothing
-	// that a call reported applied, at the cost of a replication round
-	// trip per call; and a master with fewer replicas answering counts as
-	// failing. Not for Redis Cluster clients (their pipelines cannot carry
-	// WAIT to the master that ran the calls): NewRedis refuses it. Zero:
-	// no WAIT, and a failover loses what the old master acknowledged but
-	// had not replicated (see docs/failures.md).
+	// WaitReplicas, when positive (at most 64), makes every call wait
+	// until that many replicas have its writes (Redis WAIT), for at most
+	// WaitTimeout (default 50ms, 1ms to 10s). A call that is not
+	// acknowledged in time is in doubt: a push is sent again until a
+	// master that its replicas follow applies it (exactly once, by its
+	// marker), and a synchronous decision goes to the FailurePolicy. A
+	// failover then loses nothing that a call reported applied, at the
+	// cost of a replication round trip per call; and a master with fewer
+	// replicas answering counts as failing. Not for Redis Cluster clients
+	// (their pipelines cannot carry WAIT to the master that ran the
+	// calls): NewRedis refuses it. Zero: no WAIT, and a failover loses
+	// what the old master acknowledged but had not replicated (see
+	// docs/failures.md).
 	WaitReplicas int
 	WaitTimeout  time.Duration
 }
