@@ -75,8 +75,9 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // ignores ctx; in ModeSynchronous it makes one round trip to the store
 // (shared with concurrent decisions) and returns ctx's error if ctx is done
 // before it starts. The error is non-nil only for invalid input (an empty or
-// oversized key, n < 1 or n above the smallest limit), after Close, or for a
-// done ctx; store failures are decided by the FailurePolicy and reported in
+// oversized key, n < 1 or n above what some rule of the key's tier admits at
+// once: its Limit, or a bucket's Burst), after Close, or for a done ctx;
+// store failures are decided by the FailurePolicy and reported in
 // Result.Degraded.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (res Result, err error) {
 	if !l.plain(key, n) {

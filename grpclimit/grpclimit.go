@@ -23,8 +23,9 @@ const MaxRetryJitter = time.Hour
 // once, when it opens.
 type Options struct {
 	// Cost returns the cost of a call (of a stream, when it opens), 1 to
-	// the limiter's smallest limit; nil counts every call as 1. A cost
-	// outside that range fails the call through ErrorHandler.
+	// the smallest of the rules' Limits (a bucket rule's Burst instead of
+	// its Limit); nil counts every call as 1. A cost outside that range
+	// fails the call through ErrorHandler.
 	Cost func(ctx context.Context, method string) int64
 
 	// Skip, if set, selects calls that bypass the limit entirely: no key,
@@ -38,11 +39,10 @@ type Options struct {
 
 	// MessageCost, if set, also decides every message the server receives
 	// on a client-streaming or bidirectional stream, after the stream's
-	// own decision when it opens, at the cost it returns (1 to the
-	// limiter's smallest limit; return 1 to count messages). A denied
-	// message makes RecvMsg return the denial's status error; the stream's
-	// trailers carry the metadata of its last denied message. Nil decides
-	// streams only when they open.
+	// own decision when it opens, at the cost it returns (in Cost's range;
+	// return 1 to count messages). A denied message makes RecvMsg return
+	// the denial's status error; the stream's trailers carry the metadata
+	// of its last denied message. Nil decides streams only when they open.
 	MessageCost func(ctx context.Context, method string, msg any) int64
 
 	// ErrorHandler, if set, returns the error that fails a call whose key

@@ -37,9 +37,10 @@ import (
 // Options configures a Middleware. The zero value denies with 429, a
 // problem+json body and every header, and counts each request as 1.
 type Options struct {
-	// Cost returns the cost of a request, 1 to the limiter's smallest
-	// limit; nil counts every request as 1. A cost outside that range is an
-	// error for ErrorHandler.
+	// Cost returns the cost of a request, 1 to the smallest of the rules'
+	// Limits (a bucket rule's Burst instead of its Limit); nil counts every
+	// request as 1. A cost outside that range is an error for
+	// ErrorHandler.
 	Cost func(r *http.Request) int64
 
 	// DeniedStatus is the status of a denied request: 400 to 599, default
