@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261123225440-bc49c0050a0d
+	github.com/hybridlimit/hybridlimit v0.0.0-20261123225759-87512ef58884
 	github.com/stretchr/testify v1.12.1
 )
 
