@@ -73,12 +73,19 @@ type syncState struct {
 	prevInflight int64 // increments of win-1 taken, not acknowledged
 }
 
-// staleCount is a counter's increments of a window older than the
-// previous one, still to push (after a store outage across a rollover). It
-// lives in the entry's extension, allocated when first needed.
+// staleCount is a counter's increments of windows older than the
+// previous one: those still to push (after a store outage across a
+// rollover), and those a take moved into a batch that the store has not
+// answered. It lives in the entry's extension, allocated when first
+// needed.
 type staleCount struct {
 	win int64 // window of n
 	n   int64
+	// flying is the increments of windows older than the previous one that
+	// are in batches the store has not answered: stale pushes, and pushes
+	// of windows the counter rolled away from since their take. Settle and
+	// Release take them out.
+	flying int64
 }
 
 // stale returns rule i's stale increments of e, nil when there have never
@@ -98,12 +105,7 @@ func (t *Table) stash(e *Entry, i int, win, d int64) (dropped int64) {
 	if d == 0 {
 		return 0
 	}
-	s := t.stale(e, i)
-	if s == nil {
-		x := t.extend(e)
-		x.stale = make([]staleCount, len(t.rules))
-		s = &x.stale[i]
-	}
+	s := t.staleOf(e, i)
 	switch {
 	case s.n == 0 || s.win == win:
 		s.win, s.n = win, s.n+d
@@ -116,13 +118,33 @@ func (t *Table) stash(e *Entry, i int, win, d int64) (dropped int64) {
 	return dropped
 }
 
+// staleOf returns rule i's stale increments of e, creating them if
+// missing. Call with e's mutex held.
+func (t *Table) staleOf(e *Entry, i int) *staleCount {
+	if s := t.stale(e, i); s != nil {
+		return s
+	}
+	x := t.extend(e)
+	x.stale = make([]staleCount, len(t.rules))
+	return &x.stale[i]
+}
+
+// fly records d increments of rule i of e, of a window older than the
+// previous one, in batches the store has not answered. Call with e's
+// mutex held.
+func (t *Table) fly(e *Entry, i int, d int64) {
+	if d != 0 {
+		t.staleOf(e, i).flying += d
+	}
+}
+
 // unsynced returns the increments rule i of e holds in its sync state that
 // the store has not acknowledged. Call with e's mutex held.
 func (t *Table) unsynced(e *Entry, i int) int64 {
 	s := t.sync(e, i)
 	n := s.inflight + s.adj + s.prevPending + s.prevInflight
 	if st := t.stale(e, i); st != nil {
-		n += st.n
+		n += st.n + st.flying
 	}
 	return n
 }
@@ -404,7 +426,7 @@ func (t *Table) hasUnsynced(e *Entry) bool {
 			if s := t.sync(e, i); s.inflight != 0 || s.adj != 0 || s.prevPending != 0 || s.prevInflight != 0 {
 				return true
 			}
-			if st := t.stale(e, i); st != nil && st.n != 0 {
+			if st := t.stale(e, i); st != nil && (st.n != 0 || st.flying != 0) {
 				return true
 			}
 		}

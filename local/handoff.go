@@ -69,6 +69,7 @@ func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 		}
 		if st := t.stale(e, i); st != nil && st.n != 0 {
 			dst = append(dst, Push{Rule: i, Win: st.win, Delta: st.n, kind: pushStale})
+			st.flying += st.n
 			st.n = 0
 		}
 	}
@@ -120,6 +121,9 @@ func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 			if t.rules[p.Rule].kind == Buckets {
 				t.histSet(e, p.Rule, p.Win, c.prev.Load())
 			}
+		default:
+			// A window older than the previous one: delivered.
+			t.fly(e, p.Rule, -p.Delta)
 		}
 	}
 	if t.share && t.shareOf(e, 0) != nil {
@@ -181,6 +185,7 @@ func (t *Table) Release(e *Entry, pushes []Push) {
 				e.prevReads |= readFirst << p.Rule // the read failed: the next take reads again
 			}
 		default:
+			t.fly(e, p.Rule, -p.Delta)
 			dropped += t.stash(e, p.Rule, p.Win, p.Delta)
 		}
 	}

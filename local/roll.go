@@ -83,12 +83,16 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 		s := t.sync(e, i)
 		// What this node still owes the window that stops being the
 		// previous one is pushed later, as stale.
+		// What batches the store has not answered carry for it stays
+		// counted until they are answered (Settle, Release).
 		dropped := t.stash(e, i, old-1, s.prevPending)
+		t.fly(e, i, s.prevInflight)
 		if id == old+1 {
 			s.prevPending, s.prevInflight = p+s.adj, s.inflight
 			e.prevReads |= (readFirst | readUntil) << i
 		} else {
 			dropped += t.stash(e, i, old, p+s.adj)
+			t.fly(e, i, s.inflight)
 			s.prevPending, s.prevInflight = 0, 0
 			e.prevReads &^= (readFirst | readUntil) << i
 		}
