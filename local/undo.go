@@ -137,6 +137,19 @@ func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
 		if t.syncing {
 			t.sync(e, i).prevPending -= n
 		}
+	default: // rolled over twice or more: the increment is stale, or pushed
+		if t.rules[i].kind == Buckets {
+			t.histAdd(e, i, win, -n)
+		}
+		if st := t.stale(e, i); t.syncing && (st == nil || st.n == 0 || st.win == win) {
+			t.stash(e, i, win, -n)
+		} // else the slot holds another window's increments: n stays counted
+	}
+	if t.syncing {
+		// The sync loop must push the adjustment even when no decision
+		// queues e again: e may be evicted, its decisions retrying on a
+		// fresh entry.
+		t.touch(e)
 	}
 }
 
