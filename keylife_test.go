@@ -3,6 +3,7 @@ package hybridlimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridlimit/hybridlimit"
-	_ "github.com/hybridlimit/hybridlimit/internal/redistest"
-	_ "github.com/hybridlimit/hybridlimit/internal/storetest"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/internal/storetest"
 	"github.com/hybridlimit/hybridlimit/store"
 )
 
@@ -178,4 +179,186 @@ func redisCount(t *testing.T, c redis.UniversalClient, prefix, key string, w tim
 	}
 	require.NoError(t, err)
 	return v
+}
+
+// redisKeyLife returns a Redis client and store and a fresh prefix.
+func redisKeyLife(t *testing.T) (redis.UniversalClient, store.Store, string) {
+	t.Helper()
+	c := redistest.Client(t)
+	return c, storetest.Redis(t, c), redistest.Prefix(t)
+}
+
+// Three nodes on one Redis decide on keys that node 0 evicts and creates
+// again: while still queued for a cycle, while a batch carrying them is in
+// doubt (not evicted then), and while the table is full. The store counts
+// every admitted request once, in its window.
+func TestRedisEvictedKeysCountedOnce(t *testing.T) {
+	c, st, pfx := redisKeyLife(t)
+	g := &gate{}
+	const w = time.Second
+	nodes, mock := keyLifeNodes(t, 3, st, g, hybridlimit.Config{
+		Rules: []hybridlimit.Rule{{Limit: 1000, Window: w}}, Prefix: pfx, MaxKeys: 2,
+	})
+	ctx := context.Background()
+	syncAllNodes := func() {
+		for range 2 {
+			for _, l := range nodes {
+				require.NoError(t, l.Sync(ctx))
+			}
+		}
+	}
+	want := map[string]map[time.Time]int64{"a": {}, "b": {}}
+	decide := func(i int, key string, n int) {
+		admitN(t, nodes[i], key, n)
+		want[key][mock.Now().Truncate(w)] += int64(n)
+	}
+	check := func(when string) {
+		t.Helper()
+		for key, byWin := range want {
+			for win, n := range byWin {
+				assert.Equal(t, n, redisCount(t, c, pfx, key, w, win), "%s: key %q, window %v", when, key, win)
+			}
+		}
+	}
+
+	// Queued for a cycle when evicted: node 0 syncs, and a key decided on
+	// within the last three sync periods stays queued to read the others.
+	for i := range nodes {
+		decide(i, "a", i+1)
+	}
+	syncAllNodes()
+	mock.Add(3 * w)
+	assert.Equal(t, 1, nodes[0].Evict(), "idle for three windows, nothing unacknowledged")
+	decide(0, "a", 4) // a fresh entry
+	decide(1, "a", 2)
+	syncAllNodes()
+	check("re-created after eviction")
+	assert.Equal(t, int64(0), nodes[0].Stats().Pending)
+
+	// A batch in doubt holds its key on the node until the store answers.
+	decide(0, "b", 3)
+	g.lose.Store(1)
+	require.Error(t, nodes[0].Sync(ctx))
+	mock.Add(3 * w)
+	assert.Equal(t, 1, nodes[0].Evict(), "only a, idle again; b waits for its answer")
+	assert.Equal(t, int64(3), nodes[0].Stats().Pending)
+	require.NoError(t, nodes[0].Sync(ctx))
+	check("answered after the in-doubt batch")
+	assert.Equal(t, int64(0), nodes[0].Stats().Pending)
+
+	// The table full (b and a): a new key is decided untracked, and never
+	// pushed, until eviction makes room; tracked again, it is pushed as
+	// usual.
+	decide(0, "a", 1)
+	res, err := nodes[0].Allow(ctx, "c")
+	require.NoError(t, err)
+	assert.True(t, res.Allowed && res.Degraded, "the table holds MaxKeys: FailOpen, untracked")
+	want["c"] = map[time.Time]int64{mock.Now().Truncate(w): 0}
+	syncAllNodes()
+	check("an untracked key")
+	mock.Add(3 * w)
+	assert.Equal(t, 2, nodes[0].Evict())
+	decide(0, "c", 2)
+	decide(0, "b", 2)
+	syncAllNodes()
+	check("after the table was full")
+	for _, l := range nodes {
+		assert.Equal(t, int64(0), l.Stats().Pending)
+		assert.Equal(t, uint64(0), l.Stats().Dropped)
+	}
+}
+
+// The key's counter rolls over once, or by two windows, between the take
+// of a push and the store's answer (the push is held while a decision in
+// a later window runs): the store counts every increment once, in its own
+// window, and both nodes then agree on the key's state.
+func TestRedisRolloverBetweenTakeAndSettle(t *testing.T) {
+	for _, roll := range []int{1, 2} {
+		t.Run(fmt.Sprint(roll), func(t *testing.T) {
+			c, st, pfx := redisKeyLife(t)
+			g := &gate{}
+			const w = time.Second
+			rule := hybridlimit.Rule{Limit: 1000, Window: w}
+			nodes, mock := keyLifeNodes(t, 2, st, g, hybridlimit.Config{Rules: []hybridlimit.Rule{rule}, Prefix: pfx})
+			ctx := context.Background()
+			start := mock.Now()
+			admitN(t, nodes[0], "k", 5)
+			admitN(t, nodes[1], "k", 4)
+			require.NoError(t, nodes[1].Sync(ctx))
+			entered, release := g.arm()
+			done := make(chan error, 1)
+			go func() { done <- nodes[0].Sync(ctx) }()
+			<-entered // taken, not answered
+			mock.Add(time.Duration(roll) * w)
+			admitN(t, nodes[0], "k", 3)
+			admitN(t, nodes[1], "k", 2)
+			close(release)
+			require.NoError(t, <-done)
+			for range 2 {
+				for _, l := range nodes {
+					require.NoError(t, l.Sync(ctx))
+				}
+			}
+			assert.Equal(t, int64(9), redisCount(t, c, pfx, "k", w, start))
+			assert.Equal(t, int64(5), redisCount(t, c, pfx, "k", w, mock.Now()))
+			for i, l := range nodes {
+				assert.Equal(t, int64(0), l.Stats().Pending, "node %d", i)
+			}
+			a, err := nodes[0].State(ctx, "k", nil)
+			require.NoError(t, err)
+			b, err := nodes[1].State(ctx, "k", nil)
+			require.NoError(t, err)
+			assert.Equal(t, b[0].Remaining, a[0].Remaining, "both nodes see the same counts")
+		})
+	}
+}
+
+// Close while a sync cycle of the same limiter waits on the store: the
+// final flush waits for the cycle, then pushes what is left, and the store
+// holds every admitted request once, whether the cycle's call was applied
+// or its answer was lost.
+func TestRedisCloseDuringACycle(t *testing.T) {
+	for _, lost := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lost=%v", lost), func(t *testing.T) {
+			c, st, pfx := redisKeyLife(t)
+			g := &gate{}
+			const w = time.Minute
+			nodes, mock := keyLifeNodes(t, 1, st, g, hybridlimit.Config{Rules: []hybridlimit.Rule{{Limit: 1000, Window: w}}, Prefix: pfx})
+			l := nodes[0]
+			ctx := context.Background()
+			admitN(t, l, "k1", 5)
+			admitN(t, l, "k2", 3)
+			if lost {
+				g.lose.Store(1)
+			}
+			entered, release := g.arm()
+			synced := make(chan error, 1)
+			go func() { synced <- l.Sync(ctx) }()
+			<-entered
+			admitN(t, l, "k1", 2) // after the cycle's take
+			closed := make(chan error, 1)
+			go func() { closed <- l.Close(ctx) }()
+			k2 := int64(3)
+			require.Eventually(t, func() bool {
+				res, err := l.Allow(ctx, "k2")
+				if err == nil && res.Allowed {
+					k2++ // before Close began
+				}
+				return errors.Is(err, hybridlimit.ErrClosed)
+			}, 5*time.Second, time.Millisecond, "Close has begun")
+			select {
+			case err := <-closed:
+				t.Fatalf("Close returned %v while a cycle waits on the store", err)
+			default:
+			}
+			close(release)
+			if err := <-synced; !lost {
+				require.NoError(t, err)
+			}
+			require.NoError(t, <-closed)
+			assert.Equal(t, int64(7), redisCount(t, c, pfx, "k1", w, mock.Now()))
+			assert.Equal(t, k2, redisCount(t, c, pfx, "k2", w, mock.Now()))
+			assert.Equal(t, int64(0), l.Stats().Pending)
+		})
+	}
 }
