@@ -25,7 +25,8 @@ import (
 // between a take and the store's answer, and Close during a cycle.
 
 // gate wraps a store. arm makes the next Push wait, after signalling that
-// it started, until the test releases it; lose makes that many Pushes
+// it started, until the test releases it (a Push whose context ended
+// meanwhile is applied, and its answer lost); lose makes that many Pushes
 // apply nothing and answer every batch in doubt (a reply lost before the
 // store ran the call); down fails every Push unsent.
 type gate struct {
@@ -35,6 +36,7 @@ type gate struct {
 	release chan struct{}
 	lose    atomic.Int64
 	down    atomic.Bool
+	late    atomic.Int64 // held Pushes whose context ended meanwhile
 }
 
 var errLost = errors.New("reply lost")
@@ -54,6 +56,16 @@ func (g *gate) Push(ctx context.Context, bs []*store.Batch) error {
 	if entered != nil {
 		close(entered)
 		<-release
+		if ctx.Err() != nil {
+			g.late.Add(1)
+			// The caller gave up while the call was on its way: the store
+			// runs it, and its reply is lost.
+			err := g.Store.Push(context.Background(), bs)
+			for _, b := range bs {
+				b.Status, b.Err = store.InDoubt, ctx.Err()
+			}
+			return err
+		}
 	}
 	if g.down.Load() {
 		for _, b := range bs {
@@ -361,4 +373,46 @@ func TestRedisCloseDuringACycle(t *testing.T) {
 			assert.Equal(t, int64(0), l.Stats().Pending)
 		})
 	}
+}
+
+// Close while the background sync loop's cycle waits on the store: Close
+// cancels the cycle, whose call the store still runs (its answer lost),
+// and the final flush sends that batch again: the store counts it once.
+func TestRedisCloseCancelsTheBackgroundCycle(t *testing.T) {
+	c, st, pfx := redisKeyLife(t)
+	g := &gate{Store: st}
+	mock := clock.NewMock()
+	mock.Set(time.Now().Truncate(time.Hour).Add(time.Hour))
+	const w = time.Minute
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules: []hybridlimit.Rule{{Limit: 1000, Window: w}}, Mode: hybridlimit.ModeAsync,
+		Store: g, Prefix: pfx, Clock: mock, ClockSync: -1, ClockResolution: -1,
+		SyncRate: 100 * time.Millisecond, StoreTimeout: 5 * time.Second,
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	admitN(t, l, "k", 5)
+	entered, release := g.arm()
+	// Until the first cycle is due (the loop may not have set its timer
+	// yet when the clock first moves).
+	for waiting := true; waiting; {
+		select {
+		case <-entered:
+			waiting = false
+		case <-time.After(time.Millisecond):
+			mock.Add(10 * time.Millisecond)
+		}
+	}
+	admitN(t, l, "k", 2) // after the cycle's take
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close(ctx) }()
+	require.Eventually(t, func() bool {
+		_, err := l.Allow(ctx, "other")
+		return errors.Is(err, hybridlimit.ErrClosed)
+	}, 5*time.Second, time.Millisecond, "Close has begun")
+	close(release)
+	require.NoError(t, <-closed)
+	assert.Equal(t, int64(1), g.late.Load(), "Close canceled the cycle's call")
+	assert.Equal(t, int64(7), redisCount(t, c, pfx, "k", w, mock.Now()))
+	assert.Equal(t, int64(0), l.Stats().Pending)
 }
