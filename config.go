@@ -199,8 +199,9 @@ type Config struct {
 	CountDenied bool
 
 	// MaxKeys bounds the keys tracked at once, 1 to 1<<31, default
-	// DefaultMaxKeys. Keys idle for twice their longest window are evicted
-	// by the background loop. While the table is full, a request for a new
+	// DefaultMaxKeys. Keys idle for twice their longest window (and whose
+	// token and leaky buckets are full again) are evicted by the
+	// background loop. While the table is full, a request for a new
 	// key is decided by FailurePolicy without being tracked: FailOpen
 	// admits it (when its cost fits every limit), FailClosed denies it.
 	// Keys already tracked are unaffected.

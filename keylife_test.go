@@ -416,3 +416,71 @@ func TestRedisCloseCancelsTheBackgroundCycle(t *testing.T) {
 	assert.Equal(t, int64(7), redisCount(t, c, pfx, "k", w, mock.Now()))
 	assert.Equal(t, int64(0), l.Stats().Pending)
 }
+
+// A token or leaky bucket whose burst refills over more than two windows
+// is not full again after two idle windows: evicting its key then would
+// forget the arrival time and admit a whole burst at once. Eviction keeps
+// such a key until its bucket is full.
+func TestEvictionKeepsABucketUntilItRefills(t *testing.T) {
+	for _, typ := range []hybridlimit.Algorithm{hybridlimit.TokenBucket, hybridlimit.LeakyBucket} {
+		for _, mode := range []hybridlimit.Mode{hybridlimit.ModeLocal, hybridlimit.ModeAsync} {
+			t.Run(fmt.Sprint(typ, "/", mode), func(t *testing.T) {
+				mock := clock.NewMock()
+				mock.Set(time.Now().Truncate(time.Hour))
+				cfg := hybridlimit.Config{
+					// One per second, bursts of 10: 10 s to refill.
+					Rules: []hybridlimit.Rule{{Limit: 1, Window: time.Second, Type: typ, Burst: 10}},
+					Mode:  mode, Clock: mock, Manual: true, ClockSync: -1,
+				}
+				if mode == hybridlimit.ModeAsync {
+					cfg.Store = store.NewMemory(mock)
+				}
+				l, err := hybridlimit.New(cfg)
+				require.NoError(t, err)
+				defer func() { _ = l.Close(context.Background()) }()
+				ctx := context.Background()
+				admitN(t, l, "k", 10)
+				require.NoError(t, l.Sync(ctx))
+				mock.Add(2500 * time.Millisecond)
+				assert.Equal(t, 0, l.Evict(), "7.5 s from full")
+				admitted := 0
+				for range 10 {
+					res, err := l.Allow(ctx, "k")
+					require.NoError(t, err)
+					if res.Allowed {
+						admitted++
+					}
+				}
+				assert.Equal(t, 2, admitted, "2.5 s refill two requests")
+				require.NoError(t, l.Sync(ctx))
+				mock.Add(7500 * time.Millisecond)
+				assert.Equal(t, 0, l.Evict(), "2 s from full")
+				mock.Add(2 * time.Second)
+				assert.Equal(t, 1, l.Evict(), "full again, and idle")
+			})
+		}
+	}
+}
+
+// CountDenied charges a bucket for denied requests too: a key charged far
+// ahead stays denied after two idle windows, and so stays tracked.
+func TestEvictionKeepsACountDeniedBucket(t *testing.T) {
+	mock := clock.NewMock()
+	mock.Set(time.Now().Truncate(time.Hour))
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules: []hybridlimit.Rule{{Limit: 1, Window: time.Second, Type: hybridlimit.TokenBucket}},
+		Clock: mock, Manual: true, CountDenied: true,
+	})
+	require.NoError(t, err)
+	defer func() { _ = l.Close(context.Background()) }()
+	ctx := context.Background()
+	for range 100 { // 100 s of charges
+		_, err := l.Allow(ctx, "k")
+		require.NoError(t, err)
+	}
+	mock.Add(3 * time.Second)
+	assert.Equal(t, 0, l.Evict())
+	res, err := l.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed, "still charged 96 s ahead")
+}

@@ -269,8 +269,10 @@ func (l *Limiter) SyncClock(ctx context.Context) error {
 	return l.loop.MeasureOffset(ctx)
 }
 
-// Evict removes keys idle for twice their longest window, whose counters
-// can no longer influence any decision, and returns how many it removed.
+// Evict removes keys idle for twice their longest window whose token and
+// leaky buckets are full again, whose counters can no longer influence
+// any decision, and returns how many it removed. Keys holding increments
+// the store has not acknowledged stay.
 // The background goroutine calls it periodically unless Config.Manual is
 // set.
 func (l *Limiter) Evict() int {
