@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -356,5 +355,5 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 // trip slower than half the StoreTimeout gets.
 func lateTake(r *store.TakeRequest, end time.Time) bool {
 	return r.Status == store.Failed && errors.Is(r.Err, store.ErrUnavailable) &&
-		strings.Contains(r.Err.Error(), "after its deadline") && end.UnixMicro()+50_000 >= r.Deadline
+		errors.Is(r.Err, store.ErrDeadline) && end.UnixMicro()+50_000 >= r.Deadline
 }

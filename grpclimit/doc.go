@@ -27,7 +27,7 @@
 // Every decided call gets these metadata fields (lower-case keys, as gRPC
 // requires; the values are those httplimit writes in its headers):
 //
-//	ratelimit-policy     one Item per rule: "<name>";q=<limit>;w=<window s>
+//	ratelimit-policy     one Item per rule: "<name>";q=<quota>;w=<window s> (httplimit.Quota: a bucket rule's burst)
 //	ratelimit            one Item per rule: "<name>";r=<remaining>;t=<s until the rule resets>
 //	ratelimit-limit      the tightest rule's limit (on a denial, the denying rule's)
 //	ratelimit-remaining  that rule's remaining quota

@@ -163,9 +163,6 @@ func (s *Memory) Push(ctx context.Context, batches []*Batch) error {
 	return nil
 }
 
-// errDeadline fails a request that reached the store after its deadline.
-var errDeadline = fmt.Errorf("store: request reached the store after its deadline: %w", ErrUnavailable)
-
 // check validates the shape of r before a store runs it.
 func (r *TakeRequest) check() error {
 	switch {

@@ -70,7 +70,7 @@ func (s *Memory) Take(ctx context.Context, reqs []*TakeRequest) error {
 			continue
 		}
 		if r.Deadline != 0 && nowT.UnixMicro() > r.Deadline {
-			r.Status, r.Err = Failed, errDeadline
+			r.Status, r.Err = Failed, ErrDeadline
 			continue
 		}
 		s.take(r, nowT.UnixMilli())

@@ -379,7 +379,7 @@ func readTake(cmd *redis.IntSliceCmd, reqs []*TakeRequest) {
 	}
 	switch vals[0] {
 	case 2:
-		fail(Failed, errDeadline)
+		fail(Failed, ErrDeadline)
 		return
 	case 3:
 		fail(InDoubt, errors.New("store: redis take: a later call overwrote this call's outcome"))

@@ -26,6 +26,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/hybridlimit/hybridlimit/local"
@@ -191,6 +192,12 @@ type TakeRequest struct {
 // store did not send because it knows the server to be unreachable (a
 // circuit breaker is open), and by wrappers (the simulation's outage).
 var ErrUnavailable = errors.New("store unavailable")
+
+// ErrDeadline is the error of a TakeRequest that reached the store after
+// its Deadline: the store decided nothing and counted nothing (Status
+// Failed), and the limiter's FailurePolicy decides the request. It wraps
+// ErrUnavailable.
+var ErrDeadline = fmt.Errorf("store: request reached the store after its deadline: %w", ErrUnavailable)
 
 // ErrForeign is wrapped by the error of a TakeRequest that a store did not
 // decide because one of its counters holds a value the library did not
