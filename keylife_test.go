@@ -36,7 +36,15 @@ type gate struct {
 	release chan struct{}
 	lose    atomic.Int64
 	down    atomic.Bool
-	late    atomic.Int64 // held Pushes whose context ended meanwhile
+	late    atomic.Int64    // held Pushes whose context ended meanwhile
+	held    context.Context // the context of the Push held last
+}
+
+// heldCtx returns the context of the Push held last, nil before one.
+func (g *gate) heldCtx() context.Context {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.held
 }
 
 var errLost = errors.New("reply lost")
@@ -52,6 +60,9 @@ func (g *gate) Push(ctx context.Context, bs []*store.Batch) error {
 	g.mu.Lock()
 	entered, release := g.entered, g.release
 	g.entered, g.release = nil, nil
+	if entered != nil {
+		g.held = ctx
+	}
 	g.mu.Unlock()
 	if entered != nil {
 		close(entered)
@@ -410,9 +421,12 @@ func TestRedisCloseCancelsTheBackgroundCycle(t *testing.T) {
 		_, err := l.Allow(ctx, "other")
 		return errors.Is(err, hybridlimit.ErrClosed)
 	}, 5*time.Second, time.Millisecond, "Close has begun")
+	// Close refuses decisions first and cancels the cycle after: release
+	// the held call only once its context has ended.
+	require.Eventually(t, func() bool { return g.heldCtx().Err() != nil }, 5*time.Second, time.Millisecond, "Close canceled the cycle's call")
 	close(release)
 	require.NoError(t, <-closed)
-	assert.Equal(t, int64(1), g.late.Load(), "Close canceled the cycle's call")
+	assert.Equal(t, int64(1), g.late.Load(), "the store ran the canceled call")
 	assert.Equal(t, int64(7), redisCount(t, c, pfx, "k", w, mock.Now()))
 	assert.Equal(t, int64(0), l.Stats().Pending)
 }
