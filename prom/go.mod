@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261124000845-ba64c7a2a1fb
+	github.com/hybridlimit/hybridlimit v0.0.0-20261124001844-36257262db3d
 	github.com/stretchr/testify v1.12.1
 )
 
