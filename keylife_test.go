@@ -191,19 +191,6 @@ func TestCloseCountsInDoubtIncrementsAcrossRollovers(t *testing.T) {
 	assert.Contains(t, err.Error(), "6 increments of 1 keys may not have reached the store")
 }
 
-// redisCount returns the store's counter of key for the window of size w
-// holding at.
-func redisCount(t *testing.T, c redis.UniversalClient, prefix, key string, w time.Duration, at time.Time) int64 {
-	t.Helper()
-	k := store.CounterKey(prefix, store.Counter{Key: key, Window: w.Milliseconds(), ID: at.UnixMilli() / w.Milliseconds()})
-	v, err := c.Get(context.Background(), k).Int64()
-	if errors.Is(err, redis.Nil) {
-		return 0
-	}
-	require.NoError(t, err)
-	return v
-}
-
 // redisKeyLife returns a Redis client and store and a fresh prefix.
 func redisKeyLife(t *testing.T) (redis.UniversalClient, store.Store, string) {
 	t.Helper()
@@ -239,7 +226,7 @@ func TestRedisEvictedKeysCountedOnce(t *testing.T) {
 		t.Helper()
 		for key, byWin := range want {
 			for win, n := range byWin {
-				assert.Equal(t, n, redisCount(t, c, pfx, key, w, win), "%s: key %q, window %v", when, key, win)
+				assert.Equal(t, n, counter(t, c, pfx, key, w, win), "%s: key %q, window %v", when, key, win)
 			}
 		}
 	}
@@ -322,8 +309,8 @@ func TestRedisRolloverBetweenTakeAndSettle(t *testing.T) {
 					require.NoError(t, l.Sync(ctx))
 				}
 			}
-			assert.Equal(t, int64(9), redisCount(t, c, pfx, "k", w, start))
-			assert.Equal(t, int64(5), redisCount(t, c, pfx, "k", w, mock.Now()))
+			assert.Equal(t, int64(9), counter(t, c, pfx, "k", w, start))
+			assert.Equal(t, int64(5), counter(t, c, pfx, "k", w, mock.Now()))
 			for i, l := range nodes {
 				assert.Equal(t, int64(0), l.Stats().Pending, "node %d", i)
 			}
@@ -379,8 +366,8 @@ func TestRedisCloseDuringACycle(t *testing.T) {
 				require.NoError(t, err)
 			}
 			require.NoError(t, <-closed)
-			assert.Equal(t, int64(7), redisCount(t, c, pfx, "k1", w, mock.Now()))
-			assert.Equal(t, k2, redisCount(t, c, pfx, "k2", w, mock.Now()))
+			assert.Equal(t, int64(7), counter(t, c, pfx, "k1", w, mock.Now()))
+			assert.Equal(t, k2, counter(t, c, pfx, "k2", w, mock.Now()))
 			assert.Equal(t, int64(0), l.Stats().Pending)
 		})
 	}
@@ -427,7 +414,7 @@ func TestRedisCloseCancelsTheBackgroundCycle(t *testing.T) {
 	close(release)
 	require.NoError(t, <-closed)
 	assert.Equal(t, int64(1), g.late.Load(), "the store ran the canceled call")
-	assert.Equal(t, int64(7), redisCount(t, c, pfx, "k", w, mock.Now()))
+	assert.Equal(t, int64(7), counter(t, c, pfx, "k", w, mock.Now()))
 	assert.Equal(t, int64(0), l.Stats().Pending)
 }
 
