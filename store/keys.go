@@ -109,21 +109,21 @@ func Slot(key string) int {
 	i := 0
 	for ; i+3 <= len(key); i += 3 {
 		v := uint(key[i])<<16 | uint(key[i+1])<<8 | uint(key[i+2])
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>18&63]]
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>12&63]]
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>6&63]]
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v&63]]
+		crc = crcStep(crc, b64url[v>>18&63])
+		crc = crcStep(crc, b64url[v>>12&63])
+		crc = crcStep(crc, b64url[v>>6&63])
+		crc = crcStep(crc, b64url[v&63])
 	}
 	switch len(key) - i { // the last bytes, unpadded
 	case 2:
 		v := uint(key[i])<<16 | uint(key[i+1])<<8
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>18&63]]
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>12&63]]
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>6&63]]
+		crc = crcStep(crc, b64url[v>>18&63])
+		crc = crcStep(crc, b64url[v>>12&63])
+		crc = crcStep(crc, b64url[v>>6&63])
 	case 1:
 		v := uint(key[i]) << 16
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>18&63]]
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^b64url[v>>12&63]]
+		crc = crcStep(crc, b64url[v>>18&63])
+		crc = crcStep(crc, b64url[v>>12&63])
 	}
 	return int(crc % Slots)
 }
@@ -136,10 +136,13 @@ const b64url = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_
 func crc16(b []byte) uint16 {
 	var crc uint16
 	for _, c := range b {
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^c]
+		crc = crcStep(crc, c)
 	}
 	return crc
 }
+
+// crcStep feeds the byte c to the CRC crc.
+func crcStep(crc uint16, c byte) uint16 { return crc<<8 ^ crcTable[byte(crc>>8)^c] }
 
 var crcTable = func() (t [256]uint16) {
 	for i := range t {
