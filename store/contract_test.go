@@ -290,6 +290,24 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 			require.Equal(t, want, r.Allowed, "counts %v case %d: limit %d window %d fixed %v prev %d cur %d elapsed %dµs cost %d", r.Counts, i, limit, win, fixed, prev, cur, elapsed, cost)
 		}
 	})
+	t.Run("PushMixesCountsAndArrivalTimes", func(t *testing.T) {
+		// Counts and arrival times interleaved in one batch, sent again:
+		// every total comes back at its own op, each applied once.
+		s, pfx := open(t)
+		g := local.NewRule(local.Spec{Kind: local.GCRA, Limit: 10, Window: time.Second}) // 100ms apart
+		a := store.CounterOf(&g, "", 0)
+		before := time.Now().UnixMicro()
+		b := batch(s, pfx, "n", "mix", 1, store.Op{Counter: a, Delta: 2}, op(w, id, 3), store.Op{Counter: a, Delta: 0}, op(w, id, 4))
+		push(t, s, b)
+		after := time.Now().UnixMicro()
+		assert.Equal(t, []int64{3, 7}, []int64{b.Totals[1], b.Totals[3]}, "the counts, in op order")
+		assert.GreaterOrEqual(t, b.Totals[0], before+200_000, "two intervals past now")
+		assert.LessOrEqual(t, b.Totals[0], after+200_000)
+		assert.Equal(t, b.Totals[0], b.Totals[2], "a read of the same arrival time after it")
+		again := batch(s, pfx, "n", "mix", 1, store.Op{Counter: a, Delta: 2}, op(w, id, 3), store.Op{Counter: a, Delta: 0}, op(w, id, 4))
+		push(t, s, again)
+		assert.Equal(t, []int64{b.Totals[0], 7, b.Totals[0], 7}, again.Totals, "sent again: nothing applied twice, the current values read back")
+	})
 	t.Run("ArrivalTimesSaturate", func(t *testing.T) {
 		// CountDenied moves a bucket's arrival time on with every denied
 		// request, without bound: the store holds it at most

@@ -182,13 +182,40 @@ func TestPushKeysAreCounterKeys(t *testing.T) {
 		{Counter: Counter{Key: "", Window: 1000, ID: -1, Span: 4}},
 		{Counter: Counter{Key: "\x00{}\xff" + strings.Repeat("k", 300), Rate: 5000, Burst: 7}},
 	}}
-	keys := pushKeys("marker", b)
+	keys := pushKeys("marker", b, nil)
 	require.Len(t, keys, 1+len(b.Ops))
 	require.Equal(t, "marker", keys[0])
 	for j, op := range b.Ops {
 		require.Equal(t, CounterKey(b.Prefix, op.Counter), keys[1+j], "op %d", j)
 	}
-	require.Equal(t, []string{"m"}, pushKeys("m", &Batch{}))
+	require.Equal(t, []string{"m"}, pushKeys("m", &Batch{}, nil))
+	keys = pushKeys("marker", b, []int{2, 0, 1})
+	require.Equal(t, []string{"marker", CounterKey("p", b.Ops[2].Counter), CounterKey("p", b.Ops[0].Counter), CounterKey("p", b.Ops[1].Counter)}, keys)
+}
+
+// TestPushOrder: the push script gets the ops on a count first, in the
+// batch's order, then the arrival times, each with its rate last.
+func TestPushOrder(t *testing.T) {
+	count := func(d int64) Op { return Op{Counter: Counter{Key: "c", Window: 1000}, Delta: d} }
+	rate := func(d, r int64) Op { return Op{Counter: Counter{Key: "r", Rate: r, Burst: 1}, Delta: d} }
+	for _, tc := range []struct {
+		ops    []Op
+		order  []int
+		counts int
+		argv   []any
+	}{
+		{nil, nil, 0, []any{uint64(9), int64(5), 0}},
+		{[]Op{count(1), count(2)}, nil, 2, []any{uint64(9), int64(5), 2, int64(1), int64(2)}},
+		{[]Op{rate(3, 70), count(1), rate(4, 80), count(2)}, []int{1, 3, 0, 2}, 2,
+			[]any{uint64(9), int64(5), 2, int64(1), int64(2), int64(3), int64(4), int64(70), int64(80)}},
+		{[]Op{rate(3, 70)}, []int{0}, 0, []any{uint64(9), int64(5), 0, int64(3), int64(70)}},
+	} {
+		b := &Batch{Seq: 9, Ops: tc.ops}
+		order, counts := pushOrder(b)
+		require.Equal(t, tc.order, order)
+		require.Equal(t, tc.counts, counts)
+		require.Equal(t, tc.argv, pushArgs(b, order, counts, 5))
+	}
 }
 
 func TestCounterLen(t *testing.T) {

@@ -63,39 +63,89 @@ func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, add
 	ttl := markerTTL.Milliseconds()
 	// EVAL, not EVALSHA: a server without the script cached would fail
 	// one batch and run the next of its group, out of order.
+	orders := make([][]int, len(batches)) // by batch
 	cmds := s.exec(ctx, pushScript, true, send, func(i int) ([]string, []any) {
 		b := batches[i]
-		keys := pushKeys(markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node), b)
-		argv := make([]any, 2+2*len(b.Ops))
-		argv[0], argv[1] = b.Seq, ttl
-		for j := range b.Ops {
-			op := &b.Ops[j]
-			argv[2+2*j], argv[3+2*j] = op.Delta, op.Rate
-		}
-		return keys, argv
+		order, counts := pushOrder(b)
+		orders[i] = order
+		keys := pushKeys(markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node), b, order)
+		return keys, pushArgs(b, order, counts, ttl)
 	})
 	outcome := make(map[string]error, 1)
 	for k, i := range send {
-		s.readPush(cmds[k], batches[i])
+		s.readPush(cmds[k], batches[i], orders[i])
 		s.merge(outcome, addrs[i], cmdErr(cmds[k]))
 	}
 	s.reportAll(ctx, outcome, sent)
 }
 
-// pushKeys returns the keys of b's script call: marker, then per op
-// CounterKey(b.Prefix, op.Counter). The counters' keys are parts of one
-// string, built in one buffer of their exact length: a few allocations
-// per batch instead of two per op, and no byte allocated twice.
-func pushKeys(marker string, b *Batch) []string {
+// pushOrder returns the order in which the push script gets b's ops (nil:
+// as they are), and how many come first as counts: the ops on a window's
+// count (Rate 0), then those on an arrival time, which alone take a rate
+// argument.
+func pushOrder(b *Batch) (order []int, counts int) {
+	for j := range b.Ops {
+		if b.Ops[j].Rate == 0 {
+			counts++
+		}
+	}
+	if counts == len(b.Ops) {
+		return nil, counts
+	}
+	order = make([]int, 0, len(b.Ops))
+	for j := range b.Ops {
+		if b.Ops[j].Rate == 0 {
+			order = append(order, j)
+		}
+	}
+	for j := range b.Ops {
+		if b.Ops[j].Rate != 0 {
+			order = append(order, j)
+		}
+	}
+	return order, counts
+}
+
+// pushArgs returns the push script's ARGV for b's ops in order (see
+// pushScript).
+func pushArgs(b *Batch, order []int, counts int, ttl int64) []any {
+	n := len(b.Ops)
+	argv := make([]any, 3+n+n-counts)
+	argv[0], argv[1], argv[2] = b.Seq, ttl, counts
+	for k := range n {
+		op := &b.Ops[opAt(order, k)]
+		argv[3+k] = op.Delta
+		if k >= counts {
+			argv[3+n+k-counts] = op.Rate
+		}
+	}
+	return argv
+}
+
+// opAt returns the index in the batch of the k-th op sent in order.
+func opAt(order []int, k int) int {
+	if order == nil {
+		return k
+	}
+	return order[k]
+}
+
+// pushKeys returns the keys of b's script call: marker, then per op, in
+// order (nil: as they are), CounterKey(b.Prefix, op.Counter). The
+// counters' keys are parts of one string, built in one buffer of their
+// exact length: a few allocations per batch instead of two per op, and no
+// byte allocated twice.
+func pushKeys(marker string, b *Batch, order []int) []string {
 	n := 0
 	for j := range b.Ops {
 		n += len(b.Prefix) + 4 + base64.RawURLEncoding.EncodedLen(len(b.Ops[j].Key)) + counterLen(b.Ops[j].Counter)
 	}
 	buf := make([]byte, 0, n)
 	ends := make([]int, len(b.Ops))
-	for j := range b.Ops {
-		buf = appendCounter(appendKeyBase(buf, b.Prefix, b.Ops[j].Key), b.Ops[j].Counter)
-		ends[j] = len(buf)
+	for k := range b.Ops {
+		op := &b.Ops[opAt(order, k)]
+		buf = appendCounter(appendKeyBase(buf, b.Prefix, op.Key), op.Counter)
+		ends[k] = len(buf)
 	}
 	// buf is never written again: the string shares its bytes.
 	all := unsafe.String(unsafe.SliceData(buf), len(buf))
@@ -108,8 +158,9 @@ func pushKeys(marker string, b *Batch) []string {
 	return keys
 }
 
-// readPush sets b's results from its script call.
-func (s *Redis) readPush(cmd *redis.Cmd, b *Batch) {
+// readPush sets b's results from its script call, which had b's ops in
+// order (see pushOrder).
+func (s *Redis) readPush(cmd *redis.Cmd, b *Batch, order []int) {
 	if err := cmdErr(cmd); err != nil {
 		b.Status = InDoubt
 		if isReply(err) {
@@ -134,8 +185,9 @@ func (s *Redis) readPush(cmd *redis.Cmd, b *Batch) {
 	b.Status, b.Err = Applied, nil
 	b.Totals = resize(b.Totals, len(b.Ops))
 	b.Refused = b.Refused[:0]
-	for j := range b.Ops {
-		switch v := vals[1+j].(type) {
+	for k := range b.Ops {
+		j := opAt(order, k)
+		switch v := vals[1+k].(type) {
 		case int64:
 			b.Totals[j] = v
 			continue
