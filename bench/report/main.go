@@ -36,16 +36,21 @@ import (
 func main() {
 	benchtime := flag.String("benchtime", "1s", "go test -benchtime for the timed families (Memory always runs 1x)")
 	count := flag.Int("count", 1, "runs per benchmark; the table shows the median")
-	families := flag.String("families", "Local,Distributed,Sync,Memory,Instructions", "benchmark families to run, comma-separated (Instructions: scripts/instructions.sh under callgrind)")
+	families := flag.String("families", "Local,Distributed,Sync,Memory,Instructions,Rotation", "benchmark families to run, comma-separated (Instructions: scripts/instructions.sh under callgrind; Rotation: the goals' timed cases in separate processes, round after round)")
+	rounds := flag.Int("rounds", 7, "rounds of the Rotation family; its tables show the median")
 	raw := flag.String("raw", "", "also write go test's raw output to this file (benchstat input)")
 	flag.Parse()
-	if err := run(*benchtime, *count, strings.Split(*families, ","), *raw); err != nil {
+	if *rounds < 1 || *count < 1 {
+		fmt.Fprintln(os.Stderr, "report: -count and -rounds must be at least 1")
+		os.Exit(2)
+	}
+	if err := run(*benchtime, *count, *rounds, strings.Split(*families, ","), *raw); err != nil {
 		fmt.Fprintln(os.Stderr, "report:", err)
 		os.Exit(1)
 	}
 }
 
-func run(benchtime string, count int, families []string, rawPath string) error {
+func run(benchtime string, count, rounds int, families []string, rawPath string) error {
 	dir, err := benchDir()
 	if err != nil {
 		return err
@@ -63,6 +68,12 @@ func run(benchtime string, count int, families []string, rawPath string) error {
 	for _, f := range families {
 		if f == "Instructions" {
 			if instr, err = instructions(dir); err != nil {
+				return err
+			}
+			continue
+		}
+		if f == "Rotation" {
+			if err := rotation(dir, benchtime, rounds, &out); err != nil {
 				return err
 			}
 			continue
@@ -95,7 +106,66 @@ func run(benchtime string, count int, families []string, rawPath string) error {
 	if len(res) == 0 && len(instr) == 0 {
 		return fmt.Errorf("no benchmark results in go test's output (is Redis reachable?)")
 	}
-	printReport(os.Stdout, res, instr, cpuModel(&out), time.Since(start), benchtime, count)
+	printReport(os.Stdout, res, instr, cpuModel(&out), time.Since(start), benchtime, count, rounds)
+	return nil
+}
+
+// rotated are the benchmarks the Rotation family runs, each in a process
+// of its own, in this order, round after round: the timed cases of the
+// performance goals. In one process a benchmark's figure depends on what
+// ran before it (the heap it left, the caches); in rotation, every
+// implementation runs fresh and meets the machine's load in turn.
+var rotated = []string{
+	"^BenchmarkLocal$/^impl=hybridlimit-local$/^keys=100k$/^rules=1$/^procs=1$",
+	"^BenchmarkLocal$/^impl=throttled-memory$/^keys=100k$/^rules=1$/^procs=1$",
+	"^BenchmarkLocal$/^impl=sethvargo-memory$/^keys=100k$/^rules=1$/^procs=1$",
+	"^BenchmarkLocal$/^impl=hybridlimit-local$/^keys=100k$/^rules=1$/^procs=2$",
+	"^BenchmarkLocal$/^impl=throttled-memory$/^keys=100k$/^rules=1$/^procs=2$",
+	"^BenchmarkLocal$/^impl=sethvargo-memory$/^keys=100k$/^rules=1$/^procs=2$",
+	"^BenchmarkDistributed$/^impl=hybridlimit-sync$/^keys=1k$/^rules=1$/^goroutines=(64|256)$",
+	"^BenchmarkDistributed$/^impl=redis-rate$/^keys=1k$/^rules=1$/^goroutines=(64|256)$",
+	"^BenchmarkTakeScript$",
+}
+
+// rotation builds bench's test binary and runs every benchmark of rotated
+// in a process of its own, rounds times, appending their output to out
+// with each family renamed Rotation<family>.
+func rotation(dir, benchtime string, rounds int, out *bytes.Buffer) error {
+	tmp, err := os.MkdirTemp("", "hybridlimit-report")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	bin := filepath.Join(tmp, "bench.test")
+	build := exec.Command("go", "test", "-c", "-o", bin, ".")
+	build.Dir = dir
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	fmt.Fprintf(os.Stderr, "== go test -c (in %s), then %d rounds of %d benchmarks, each in its own process\n", dir, rounds, len(rotated))
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("go test -c: %w", err)
+	}
+	for round := range rounds {
+		for _, pattern := range rotated {
+			cmd := exec.Command(bin, "-test.run", "^$", "-test.bench", pattern, "-test.benchmem", "-test.benchtime", benchtime)
+			cmd.Dir = dir
+			var buf bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &buf, os.Stderr
+			if err := cmd.Run(); err != nil {
+				os.Stderr.Write(buf.Bytes())
+				return fmt.Errorf("round %d, %s: %w", round+1, pattern, err)
+			}
+			for _, line := range strings.SplitAfter(buf.String(), "\n") {
+				if strings.HasPrefix(line, "cpu: ") && round == 0 {
+					out.WriteString(line)
+				}
+				if strings.HasPrefix(line, "Benchmark") {
+					line = "BenchmarkRotation" + strings.TrimPrefix(line, "Benchmark")
+					out.WriteString(line)
+					os.Stderr.WriteString(line)
+				}
+			}
+		}
+	}
 	return nil
 }
 
@@ -344,11 +414,11 @@ func si(v float64) string {
 	return fmt.Sprintf("%.0f", v)
 }
 
-func printReport(w io.Writer, res []*result, instr []instruction, cpu string, took time.Duration, benchtime string, count int) {
+func printReport(w io.Writer, res []*result, instr []instruction, cpu string, took time.Duration, benchtime string, count, rounds int) {
 	fmt.Fprintf(w, "Measured on %s, %d cores (GOMAXPROCS %d), %s/%s, %s; Redis on loopback. "+
-		"go test -benchtime %s -count %d (median), the whole run took %s.\n\n",
+		"go test -benchtime %s -count %d (median; the rotation: %d rounds), the whole run took %s.\n\n",
 		cpu, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version(),
-		benchtime, count, took.Round(time.Second))
+		benchtime, count, rounds, took.Round(time.Second))
 	families := map[string]bool{}
 	for _, r := range res {
 		families[r.family] = true
@@ -427,7 +497,34 @@ func printReport(w io.Writer, res []*result, instr []instruction, cpu string, to
 		}
 		fmt.Fprintln(w)
 	}
-	goals(w, res, instr)
+	if families["RotationLocal"] || families["RotationDistributed"] || families["RotationTakeScript"] {
+		fmt.Fprintf(w, "### The goals' timed cases in rotation (median of %d rounds)\n\n", rounds)
+		fmt.Fprintln(w, "Each benchmark in a process of its own, the implementations one after the other, round after round (-benchtime as above): "+
+			"no figure depends on what ran before it in its process, and each meets the machine's load in turn. The goals below read these rows.")
+		fmt.Fprintln(w)
+		table(w, res, "RotationLocal", []string{"hybridlimit-local"}, nil)
+		table(w, res, "RotationDistributed", []string{"hybridlimit-sync"}, []string{"round-trips/op", "client-cpu-ns/op", "server-cpu-ns/op"})
+		if c := findP(res, "RotationTakeScript", "take-script"); c != nil {
+			fmt.Fprintf(w, "The take script alone: %s ns/op (%s decisions/s), %s ns of client CPU and %s ns of server CPU per decision.\n\n",
+				num(c.m["ns/op"]), si(1e9/c.m["ns/op"]), num(c.m["client-cpu-ns/op"]), num(c.m["server-cpu-ns/op"]))
+		}
+	}
+	goals(w, res, instr, rounds)
+}
+
+// source returns the family whose results the goals read for family: its
+// rotation when the run has one (see rotated), else family itself; and
+// how the goals table names it.
+func source(res []*result, family string, rounds int) (string, string) {
+	for _, r := range res {
+		if r.family == "Rotation"+family {
+			if rounds == 1 {
+				return r.family, " (rotation, one round)"
+			}
+			return r.family, fmt.Sprintf(" (rotation, median of %d rounds)", rounds)
+		}
+	}
+	return family, ""
 }
 
 // table prints one family: a row per result, grouped by case, with the ratio
@@ -499,7 +596,7 @@ func table(w io.Writer, res []*result, family string, refs, extra []string) {
 }
 
 // goals checks the project's performance goals against this run.
-func goals(w io.Writer, res []*result, instr []instruction) {
+func goals(w io.Writer, res []*result, instr []instruction, rounds int) {
 	fmt.Fprintln(w, "### Performance goals")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| goal | measured | met |")
@@ -518,14 +615,15 @@ func goals(w io.Writer, res []*result, instr []instruction) {
 			row("4 rules ≤ 2× the 1-rule decision", fmt.Sprintf("%.1f vs %.1f instructions: %.2f×", four, one, four/one), four <= 2*one)
 		}
 	}
+	local, how := source(res, "Local", rounds)
 	for _, procs := range []string{"1", "2"} {
-		h := findP(res, "Local", "hybridlimit-local", "keys", "100k", "rules", "1", "procs", procs)
-		t := findP(res, "Local", "throttled-memory", "keys", "100k", "rules", "1", "procs", procs)
-		sv := findP(res, "Local", "sethvargo-memory", "keys", "100k", "rules", "1", "procs", procs)
+		h := findP(res, local, "hybridlimit-local", "keys", "100k", "rules", "1", "procs", procs)
+		t := findP(res, local, "throttled-memory", "keys", "100k", "rules", "1", "procs", procs)
+		sv := findP(res, local, "sethvargo-memory", "keys", "100k", "rules", "1", "procs", procs)
 		if h != nil && t != nil && sv != nil {
 			hn, tn, sn := h.m["ns/op"], t.m["ns/op"], sv.m["ns/op"]
 			row("100k uniform keys, "+procs+" procs: ≤ 0.8× throttled and ≤ 1.0× sethvargo",
-				fmt.Sprintf("%s ns vs throttled %s (%.2f×), sethvargo %s (%.2f×)", num(hn), num(tn), hn/tn, num(sn), hn/sn),
+				fmt.Sprintf("%s ns vs throttled %s (%.2f×), sethvargo %s (%.2f×)%s", num(hn), num(tn), hn/tn, num(sn), hn/sn, how),
 				hn <= 0.8*tn && hn <= sn)
 		}
 	}
@@ -547,17 +645,19 @@ func goals(w io.Writer, res []*result, instr []instruction) {
 				fmt.Sprintf("%s keys/s vs %s %s: %.2f×", si(hv), bestImpl, si(best), hv/best), hv >= 1e6 || hv >= 0.9*best)
 		}
 	}
+	dist, how := source(res, "Distributed", rounds)
+	take, _ := source(res, "TakeScript", rounds)
 	for _, g := range []string{"64", "256"} {
-		s := findP(res, "Distributed", "hybridlimit-sync", "goroutines", g)
-		r := findP(res, "Distributed", "redis-rate", "goroutines", g)
+		s := findP(res, dist, "hybridlimit-sync", "goroutines", g)
+		r := findP(res, dist, "redis-rate", "goroutines", g)
 		if s != nil && r != nil {
 			row("synchronous ≥ 4× redis_rate decisions/s, "+g+" goroutines",
-				fmt.Sprintf("%s vs %s decisions/s: %.2f×", si(1e9/s.m["ns/op"]), si(1e9/r.m["ns/op"]), r.m["ns/op"]/s.m["ns/op"]),
+				fmt.Sprintf("%s vs %s decisions/s: %.2f×%s", si(1e9/s.m["ns/op"]), si(1e9/r.m["ns/op"]), r.m["ns/op"]/s.m["ns/op"], how),
 				4*s.m["ns/op"] <= r.m["ns/op"])
 		}
-		if c := findP(res, "TakeScript", "take-script"); s != nil && c != nil {
+		if c := findP(res, take, "take-script"); s != nil && c != nil {
 			row("synchronous ≥ 0.8× the take script alone, "+g+" goroutines",
-				fmt.Sprintf("%s vs %s decisions/s: %.2f×", si(1e9/s.m["ns/op"]), si(1e9/c.m["ns/op"]), c.m["ns/op"]/s.m["ns/op"]),
+				fmt.Sprintf("%s vs %s decisions/s: %.2f×%s", si(1e9/s.m["ns/op"]), si(1e9/c.m["ns/op"]), c.m["ns/op"]/s.m["ns/op"], how),
 				s.m["ns/op"] <= c.m["ns/op"]/0.8)
 		}
 	}
