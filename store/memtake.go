@@ -195,5 +195,8 @@ func (s *Memory) logPush(r *TakeRequest, nowMs int64) {
 		ts[i] = at
 	}
 	l.ts = append(ts, l.ts[:min(int64(len(l.ts)), keep-n)]...)
-	l.exp = nowMs + longest.Milliseconds()
+	// The newest entry counts until at + longest (µs): expire on the
+	// millisecond after, and never before the longest window from the
+	// store's own now.
+	l.exp = max(nowMs+longest.Milliseconds(), (at+longest.Microseconds()+999)/1000)
 }
