@@ -188,6 +188,28 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 		take(t, s, r)
 		assert.Equal(t, int64(3), r.Counts[0].Cur)
 	})
+	t.Run("TakeCountedDenialWaitsForItsOwnCharge", func(t *testing.T) {
+		// Under CountDenied a denied request is logged too: the wait it is
+		// told (Counts.Expire) counts its own entries, on every Log rule,
+		// also one that admitted it before the charge.
+		s, pfx := open(t)
+		short := local.NewRule(local.Spec{Kind: local.Log, Limit: 2, Window: time.Second})
+		long := local.NewRule(local.Spec{Kind: local.Log, Limit: 3, Window: 10 * time.Second})
+		for _, at := range []int64{0, 100} {
+			r := newTake(pfx, "penalty-log", future+at, 1, false, true, short, long)
+			take(t, s, r)
+			require.True(t, r.Allowed, "at %d ms", at)
+		}
+		r := newTake(pfx, "penalty-log", future+200, 1, false, true, short, long)
+		take(t, s, r)
+		require.False(t, r.Allowed)
+		// Logged at 0, 100 and 200 ms: the short rule fits one more once
+		// 0 and 100 have left (at 1100 ms), the long one once 0 has (at
+		// 10,000 ms).
+		assert.Equal(t, []int64{3, 3}, []int64{r.Counts[0].Cur, r.Counts[1].Cur})
+		assert.Equal(t, []int64{int64(900 * time.Millisecond), int64(9800 * time.Millisecond)},
+			[]int64{r.Counts[0].Expire, r.Counts[1].Expire})
+	})
 	t.Run("TakeBatchBadRequestsAndDeadline", func(t *testing.T) {
 		s, pfx := open(t)
 		rule := wr(1, 1000)

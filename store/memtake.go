@@ -102,6 +102,11 @@ func (s *Memory) take(r *TakeRequest, nowMs int64) {
 				s.logPush(r, nowMs)
 				logged = true
 			}
+			if !r.Allowed {
+				// A denied request charged by CountDenied waits for its
+				// own entries to leave too.
+				c.Expire = s.logCounts(r, rule, nowMs).Expire
+			}
 			c.Cur += r.Cost
 			c.Reset = int64(rule.Window())
 		case local.GCRA, local.Leaky:

@@ -294,6 +294,17 @@ for q = 0, nreq - 1 do
         end
         vals[i][1] = vals[i][1] + cost
         vals[i][3] = w[i]
+        if ok == 0 then
+          -- A denied request charged by CountDenied waits for its own
+          -- entries to leave too: until the (limit - cost + 1)-th newest
+          -- has left the window.
+          local e = 0
+          if vals[i][1] + cost > limit[i] then
+            local x = tonumber(redis.call('LINDEX', KEYS[kk], limit[i] - cost))
+            if x then e = x + w[i] - now end
+          end
+          vals[i][2] = e
+        end
       else
         local tat = math.min(math.max(num(KEYS[kk]), now) + cost * w[i], now + maxahead)
         redis.call('SET', KEYS[kk], tat, 'PX', math.floor((tat - now) / 1000) + 60000)
