@@ -30,6 +30,11 @@ import (
 // algorithm's definition, RetryAfter and ResetAfter as the first instant,
 // found by bisection, at which the request fits or the rule is empty.
 //
+// For rules of windows only (Sliding, Fixed, Bucketed), two ModeAsync
+// limiters on the memory store, one per policy, synced every seventh
+// request, must give ModeLocal's answers too: one node sees no one else's
+// counts.
+//
 // ModeLocal decides at the clock's nanosecond. ModeSynchronous decides at
 // the instant truncated to the microsecond (the store keeps instants in
 // microseconds) and rounds RetryAfter up to a microsecond, so it is held
@@ -309,6 +314,12 @@ func TestAlgorithmsAgreeAcrossModes(t *testing.T) {
 			{Limit: 5, Window: 150 * ms, Type: Log},
 			{Limit: 5, Window: 100 * ms, Type: TokenBucket, Burst: 4},
 		}},
+		{"odd", []Rule{
+			{Limit: 4, Window: 7 * ms},
+			{Limit: 3, Window: 11 * ms, Type: Fixed},
+			{Limit: 2, Window: 3 * ms, Type: TokenBucket, Burst: 5},
+			{Limit: 7, Window: 13 * ms, Type: LeakyBucket, Burst: 9},
+		}},
 		{"mixed2", []Rule{
 			{Limit: 8, Window: 300 * ms, Type: Bucketed, Buckets: 3},
 			{Limit: 4, Window: 100 * ms, Type: LeakyBucket, Burst: 3},
@@ -363,6 +374,20 @@ func runAgree(t *testing.T, rules []Rule, countDenied, jitter bool, rs store.Sto
 		newMode("local", Config{}),
 		newMode("sync-memory", Config{Mode: ModeSynchronous, Store: store.NewMemory(mock), ClockSync: -1}),
 	}
+	windowsOnly := true
+	for _, r := range rules {
+		windowsOnly = windowsOnly && r.Type <= Bucketed
+	}
+	if windowsOnly {
+		// One node in ModeAsync decides window rules as ModeLocal does,
+		// whenever it syncs, under either policy. (Its Log rules count as
+		// Bucketed and its bucket rules decide on the arrival time last
+		// read plus the cost admitted since: docs/algorithms.md.)
+		for _, p := range []AsyncPolicy{Naive, Share} {
+			modes = append(modes, newMode("async-"+p.String(), Config{Mode: ModeAsync, Store: store.NewMemory(mock), ClockSync: -1,
+				SyncRate: time.Millisecond, AsyncPolicy: p}))
+		}
+	}
 	if rs != nil {
 		modes = append(modes, newMode("sync-redis", Config{Mode: ModeSynchronous, Store: rs, ClockSync: -1, Prefix: redistest.Prefix(t)}))
 	}
@@ -384,7 +409,7 @@ func runAgree(t *testing.T, rules []Rule, countDenied, jitter bool, rs store.Sto
 	}
 	var queue []agreeReq
 	admitted := make([]int, len(modes))
-	const requests = 600
+	const requests = 500
 	probes := 0
 	for i := 0; i < requests; i++ {
 		var q agreeReq
@@ -418,6 +443,13 @@ func runAgree(t *testing.T, rules []Rule, countDenied, jitter bool, rs store.Sto
 		}
 		now = max(now, q.at)
 		mock.now.Store(now)
+		if i%7 == 0 {
+			for _, md := range modes {
+				if md.l.cfg.Mode == ModeAsync {
+					require.NoError(t, md.l.Sync(ctx))
+				}
+			}
+		}
 		results := make([]Result, len(modes))
 		for j, md := range modes {
 			var res Result
@@ -451,7 +483,9 @@ func runAgree(t *testing.T, rules []Rule, countDenied, jitter bool, rs store.Sto
 		}
 		loc, syn := results[0], results[1]
 		for j := 2; j < len(modes); j++ {
-			require.Equal(t, syn, results[j], "request %d: %s and %s disagree", i, modes[1].name, modes[j].name)
+			if modes[j].sync {
+				require.Equal(t, syn, results[j], "request %d: %s and %s disagree", i, modes[1].name, modes[j].name)
+			}
 		}
 		if !jitter {
 			// On whole microseconds the modes decide alike; only
