@@ -312,6 +312,34 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 			require.Equal(t, want, r.Allowed, "counts %v case %d: limit %d window %d fixed %v prev %d cur %d elapsed %dµs cost %d", r.Counts, i, limit, win, fixed, prev, cur, elapsed, cost)
 		}
 	})
+	t.Run("TakeFollowsLocalAdmitsAtLargeLimits", func(t *testing.T) {
+		// Limits so large that the comparison's slack (local.Epsilon) is
+		// below the estimate's rounding: requests that bring the estimate
+		// to the limit exactly, or one off, are decided as
+		// local.Rule.Admits decides them, to the last bit.
+		s, pfx := open(t)
+		rng := rand.New(rand.NewPCG(5, 6))
+		for i := range 300 {
+			limit := 1<<30 + rng.Int64N(1<<40-1<<30)
+			win := []int64{1000, 60_000, 3_600_000, 86_400_000, 366 * 86_400_000}[rng.IntN(5)]
+			prev := rng.Int64N(2*limit) &^ 1
+			cost := 1 + rng.Int64N(1000)
+			elapsed := win * 500 // µs: half the window, prev weighs prev/2
+			cur := limit - cost - prev/2 + rng.Int64N(3) - 1
+			if cur < 0 {
+				continue
+			}
+			wid := future/win + int64(i)
+			key := fmt.Sprint("large", i)
+			push(t, s, batch(s, pfx, "n", key, uint64(i+1), op(win, wid-1, prev), op(win, wid, cur)))
+			r := newTake(pfx, key, 0, cost, true, false, wr(limit, win))
+			r.Now = wid*win*1000 + elapsed
+			take(t, s, r)
+			lr := wr(limit, win)
+			want := lr.Admits(local.Counts{Prev: prev, Cur: cur, Elapsed: elapsed * 1000}, cost)
+			require.Equal(t, want, r.Allowed, "case %d: limit %d window %d ms prev %d cur %d elapsed %dµs cost %d", i, limit, win, prev, cur, elapsed, cost)
+		}
+	})
 	t.Run("ArrivalTimesSaturate", func(t *testing.T) {
 		// CountDenied moves a bucket's arrival time on with every denied
 		// request, without bound: the store holds it at most

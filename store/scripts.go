@@ -204,8 +204,12 @@ for q = 0, nreq - 1 do
     if kd == 0 or kd == 1 then
       local c, p = num(KEYS[kk]), 0
       if kd == 0 then p = num(KEYS[kk + 1]) end
+      -- The estimate as local.Rule.Admits computes it, operation for
+      -- operation in doubles (in ns: the window, the time left in it, the
+      -- inverse of the window), so that both decide alike to the last bit
+      -- also where a limit is too large for the slack to absorb rounding.
       local est = c
-      if p > 0 then est = est + p * (w[i] - now % w[i]) / w[i] end
+      if p > 0 then est = p * ((w[i] - now % w[i]) * 1000) * (1 / (w[i] * 1000)) + c end
       if est + cost > L + 1e-9 then ok = 0 end
       if kd == 0 then vals[i] = {c, p} else vals[i] = {c} end
     elseif kd == 2 then
