@@ -40,7 +40,8 @@ import (
 // microseconds) and rounds RetryAfter up to a microsecond, so it is held
 // to the reference at that instant and step; the two synchronous stores
 // must answer exactly alike. In the runs whose instants are whole
-// microseconds the three modes must also agree with one another.
+// microseconds the three modes must also agree with one another, and
+// State after a synchronous decision must report the reference's counts.
 
 // agreeStart is a boundary of every window below, far enough in the
 // future that the Redis store's deadlines and expiries, which follow the
@@ -475,6 +476,12 @@ func runAgree(t *testing.T, rules []Rule, countDenied, jitter bool, rs store.Sto
 			}
 			if res.Allowed && !q.peek {
 				admitted[j]++
+			}
+			if md.sync && !jitter {
+				// State reports the counts the store answered with.
+				got, err := md.l.State(ctx, q.key, nil)
+				require.NoError(t, err)
+				require.Equal(t, md.ref.state(q.key, now), got, "%s: State after the decision", where)
 			}
 			results[j] = res
 		}
