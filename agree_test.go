@@ -362,6 +362,7 @@ func runAgree(t *testing.T, rules []Rule, countDenied, jitter bool, rs store.Sto
 	}
 	newMode := func(name string, cfg Config) mode {
 		cfg.Rules, cfg.Clock, cfg.Manual, cfg.CountDenied = rules, mock, true, countDenied
+		cfg.MaxKeys = 64 // a small table: Evict scans it
 		l, err := New(cfg)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = l.Close(ctx) })
@@ -410,8 +411,8 @@ func runAgree(t *testing.T, rules []Rule, countDenied, jitter bool, rs store.Sto
 	}
 	var queue []agreeReq
 	admitted := make([]int, len(modes))
-	const requests = 500
-	probes := 0
+	const requests = 400
+	probes, evicted := 0, 0
 	for i := 0; i < requests; i++ {
 		var q agreeReq
 		if len(queue) > 0 {
@@ -449,6 +450,12 @@ func runAgree(t *testing.T, rules []Rule, countDenied, jitter bool, rs store.Sto
 				if md.l.cfg.Mode == ModeAsync {
 					require.NoError(t, md.l.Sync(ctx))
 				}
+			}
+		}
+		if i%5 == 0 {
+			// Eviction removes only keys whose counts no longer matter.
+			for _, md := range modes {
+				evicted += md.l.Evict()
 			}
 		}
 		results := make([]Result, len(modes))
@@ -540,7 +547,7 @@ func runAgree(t *testing.T, rules []Rule, countDenied, jitter bool, rs store.Sto
 		require.NoError(t, err)
 		require.Equal(t, modes[0].ref.state(k, now), got, "State of %s", k)
 	}
-	t.Logf("%d requests, admitted %v, %d retries checked", requests, admitted, probes)
+	t.Logf("%d requests, admitted %v, %d retries checked, %d keys evicted", requests, admitted, probes, evicted)
 }
 
 // slack returns how much earlier than its RetryAfter a rule may admit a
