@@ -321,6 +321,12 @@ func TestAlgorithmsAgreeAcrossModes(t *testing.T) {
 			{Limit: 2, Window: 3 * ms, Type: TokenBucket, Burst: 5},
 			{Limit: 7, Window: 13 * ms, Type: LeakyBucket, Burst: 9},
 		}},
+		{"large", []Rule{
+			{Limit: 1000, Window: time.Hour},
+			{Limit: 300, Window: time.Minute, Type: Log},
+			{Limit: 50, Window: time.Second, Type: TokenBucket, Burst: 400},
+			{Limit: 700, Window: 10 * time.Minute, Type: Bucketed, Buckets: 10},
+		}},
 		{"mixed2", []Rule{
 			{Limit: 8, Window: 300 * ms, Type: Bucketed, Buckets: 3},
 			{Limit: 4, Window: 100 * ms, Type: LeakyBucket, Burst: 3},
