@@ -100,7 +100,45 @@ func (r *Rule) retryAfter(prev, cur, elapsed, n, unit int64) int64 {
 		at := ceilTo(float64(r.w)-(r.limitF-float64(n))*float64(r.w)/float64(cur), elapsed-r.w, unit)
 		d = r.w - elapsed + max(at, 0)
 	}
+	if !r.fitsAfter(prev, cur, elapsed, d, n) {
+		d = r.firstFit(prev, cur, elapsed, d, n, unit)
+	}
 	return d
+}
+
+// fitsAfter reports whether a request of cost n fits d after elapsed into
+// the current window, whose counts are prev and cur, if nothing else is
+// counted meanwhile.
+func (r *Rule) fitsAfter(prev, cur, elapsed, d, n int64) bool {
+	switch x := elapsed + d; {
+	case x < r.w:
+		return r.admitsWindow(prev, cur, x, n)
+	case x < 2*r.w:
+		return r.admitsWindow(cur, 0, x-r.w, n)
+	}
+	return true // prev and cur have slid out
+}
+
+// firstFit returns the least d' > d, d plus a multiple of unit, at which
+// a request of cost n fits (fitsAfter), given that it does not fit at d.
+// The exact fractions of retryAfter can fall a little short when the
+// estimate's rounding is larger than its slack (long windows, large
+// limits); the estimate only falls as time passes.
+func (r *Rule) firstFit(prev, cur, elapsed, d, n, unit int64) int64 {
+	last := (2*r.w-elapsed-d+unit-1)/unit + 1 // steps of unit after d to where nothing is left
+	a, b := int64(0), int64(1)                // a does not fit, b is tried next
+	for b < last && !r.fitsAfter(prev, cur, elapsed, d+b*unit, n) {
+		a, b = b, min(2*b, last)
+	}
+	for b-a > 1 {
+		m := a + (b-a)/2
+		if r.fitsAfter(prev, cur, elapsed, d+m*unit, n) {
+			b = m
+		} else {
+			a = m
+		}
+	}
+	return d + b*unit
 }
 
 // ceilTo returns the least instant x ≥ at (ns into a window) such that

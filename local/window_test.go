@@ -1,10 +1,14 @@
 package local
 
 import (
+	"fmt"
+	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // t0 is a window boundary for every window size used in these tests.
@@ -103,5 +107,54 @@ func TestRetryAndResetArithmetic(t *testing.T) {
 			}
 			assert.False(t, r.admitsWindow(p, c, e, tt.n), "%s: denied just before retry-after", tt.name)
 		}
+	}
+}
+
+// TestSlidingRetryAfterBounds: a sliding rule's RetryAfter is admitted,
+// and it is the instant the exact fractions give, rounded up to the unit:
+// the comparison's slack (Epsilon, a billionth of a request, plus the
+// estimate's rounding, a few units in the last place of the limit) admits
+// the request up to slack·W/c earlier, c the count whose weight is falling
+// (for small limits, a nanosecond per second of window at most), and no
+// earlier.
+func TestSlidingRetryAfterBounds(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	windows := []time.Duration{time.Millisecond, 100 * time.Millisecond, time.Second, 10 * time.Second, time.Hour, 366 * 24 * time.Hour}
+	for i := range 20_000 {
+		w := windows[rng.IntN(len(windows))]
+		limit := 1 + rng.Int64N(20)
+		if rng.IntN(4) == 0 {
+			limit = 1 + rng.Int64N(1<<40)
+		}
+		r := NewRule(Spec{Kind: Sliding, Limit: limit, Window: w})
+		unit := int64(1)
+		if rng.IntN(2) == 0 {
+			unit = 1000
+		}
+		n := 1 + rng.Int64N(limit)
+		prev, cur := rng.Int64N(2*limit+1), rng.Int64N(limit+1)
+		el := rng.Int64N(int64(w)) / unit * unit
+		d := r.retryAfter(prev, cur, el, n, unit)
+		// fits reports whether the request fits x after el.
+		fits := func(x int64) bool {
+			if at := el + x; at < r.w {
+				return r.admitsWindow(prev, cur, at, n)
+			} else if at < 2*r.w {
+				return r.admitsWindow(cur, 0, at-r.w, n)
+			}
+			return true
+		}
+		where := fmt.Sprintf("case %d: %d/%v prev %d cur %d elapsed %d cost %d unit %d: retry %d", i, limit, w, prev, cur, el, n, unit, d)
+		require.True(t, fits(d), where)
+		require.Zero(t, d%unit, where)
+		if d == 0 {
+			continue
+		}
+		c := prev
+		if cur+n > limit {
+			c = cur // the request fits only in the next window
+		}
+		slack := int64(math.Ceil((Epsilon+8*float64(limit)*0x1p-52)*float64(r.w)/float64(c))) + 1
+		require.False(t, fits(d-unit-slack), "%s: slack %d", where, slack)
 	}
 }

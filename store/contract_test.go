@@ -188,6 +188,28 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 		take(t, s, r)
 		assert.Equal(t, int64(3), r.Counts[0].Cur)
 	})
+	t.Run("TakeCountedDenialWaitsForItsOwnCharge", func(t *testing.T) {
+		// Under CountDenied a denied request is logged too: the wait it is
+		// told (Counts.Expire) counts its own entries, on every Log rule,
+		// also one that admitted it before the charge.
+		s, pfx := open(t)
+		short := local.NewRule(local.Spec{Kind: local.Log, Limit: 2, Window: time.Second})
+		long := local.NewRule(local.Spec{Kind: local.Log, Limit: 3, Window: 10 * time.Second})
+		for _, at := range []int64{0, 100} {
+			r := newTake(pfx, "penalty-log", future+at, 1, false, true, short, long)
+			take(t, s, r)
+			require.True(t, r.Allowed, "at %d ms", at)
+		}
+		r := newTake(pfx, "penalty-log", future+200, 1, false, true, short, long)
+		take(t, s, r)
+		require.False(t, r.Allowed)
+		// Logged at 0, 100 and 200 ms: the short rule fits one more once
+		// 0 and 100 have left (at 1100 ms), the long one once 0 has (at
+		// 10,000 ms).
+		assert.Equal(t, []int64{3, 3}, []int64{r.Counts[0].Cur, r.Counts[1].Cur})
+		assert.Equal(t, []int64{int64(900 * time.Millisecond), int64(9800 * time.Millisecond)},
+			[]int64{r.Counts[0].Expire, r.Counts[1].Expire})
+	})
 	t.Run("TakeBatchBadRequestsAndDeadline", func(t *testing.T) {
 		s, pfx := open(t)
 		rule := wr(1, 1000)
@@ -307,6 +329,34 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 		again := batch(s, pfx, "n", "mix", 1, store.Op{Counter: a, Delta: 2}, op(w, id, 3), store.Op{Counter: a, Delta: 0}, op(w, id, 4))
 		push(t, s, again)
 		assert.Equal(t, []int64{b.Totals[0], 7, b.Totals[0], 7}, again.Totals, "sent again: nothing applied twice, the current values read back")
+	})
+	t.Run("TakeFollowsLocalAdmitsAtLargeLimits", func(t *testing.T) {
+		// Limits so large that the comparison's slack (local.Epsilon) is
+		// below the estimate's rounding: requests that bring the estimate
+		// to the limit exactly, or one off, are decided as
+		// local.Rule.Admits decides them, to the last bit.
+		s, pfx := open(t)
+		rng := rand.New(rand.NewPCG(5, 6))
+		for i := range 300 {
+			limit := 1<<30 + rng.Int64N(1<<40-1<<30)
+			win := []int64{1000, 60_000, 3_600_000, 86_400_000, 366 * 86_400_000}[rng.IntN(5)]
+			prev := rng.Int64N(2*limit) &^ 1
+			cost := 1 + rng.Int64N(1000)
+			elapsed := win * 500 // µs: half the window, prev weighs prev/2
+			cur := limit - cost - prev/2 + rng.Int64N(3) - 1
+			if cur < 0 {
+				continue
+			}
+			wid := future/win + int64(i)
+			key := fmt.Sprint("large", i)
+			push(t, s, batch(s, pfx, "n", key, uint64(i+1), op(win, wid-1, prev), op(win, wid, cur)))
+			r := newTake(pfx, key, 0, cost, true, false, wr(limit, win))
+			r.Now = wid*win*1000 + elapsed
+			take(t, s, r)
+			lr := wr(limit, win)
+			want := lr.Admits(local.Counts{Prev: prev, Cur: cur, Elapsed: elapsed * 1000}, cost)
+			require.Equal(t, want, r.Allowed, "case %d: limit %d window %d ms prev %d cur %d elapsed %dµs cost %d", i, limit, win, prev, cur, elapsed, cost)
+		}
 	})
 	t.Run("ArrivalTimesSaturate", func(t *testing.T) {
 		// CountDenied moves a bucket's arrival time on with every denied

@@ -102,6 +102,11 @@ func (s *Memory) take(r *TakeRequest, nowMs int64) {
 				s.logPush(r, nowMs)
 				logged = true
 			}
+			if !r.Allowed {
+				// A denied request charged by CountDenied waits for its
+				// own entries to leave too.
+				c.Expire = s.logCounts(r, rule, nowMs).Expire
+			}
 			c.Cur += r.Cost
 			c.Reset = int64(rule.Window())
 		case local.GCRA, local.Leaky:
@@ -195,5 +200,8 @@ func (s *Memory) logPush(r *TakeRequest, nowMs int64) {
 		ts[i] = at
 	}
 	l.ts = append(ts, l.ts[:min(int64(len(l.ts)), keep-n)]...)
-	l.exp = nowMs + longest.Milliseconds()
+	// The newest entry counts until at + longest (µs): expire on the
+	// millisecond after, and never before the longest window from the
+	// store's own now.
+	l.exp = max(nowMs+longest.Milliseconds(), (at+longest.Microseconds()+999)/1000)
 }

@@ -218,8 +218,12 @@ for q = 0, nreq - 1 do
     if kd == 0 or kd == 1 then
       local c, p = num(KEYS[kk]), 0
       if kd == 0 then p = num(KEYS[kk + 1]) end
+      -- The estimate as local.Rule.Admits computes it, operation for
+      -- operation in doubles (in ns: the window, the time left in it, the
+      -- inverse of the window), so that both decide alike to the last bit
+      -- also where a limit is too large for the slack to absorb rounding.
       local est = c
-      if p > 0 then est = est + p * (w[i] - now % w[i]) / w[i] end
+      if p > 0 then est = p * ((w[i] - now % w[i]) * 1000) * (1 / (w[i] * 1000)) + c end
       if est + cost > L + 1e-9 then ok = 0 end
       if kd == 0 then vals[i] = {c, p} else vals[i] = {c} end
     elseif kd == 2 then
@@ -308,6 +312,17 @@ for q = 0, nreq - 1 do
         end
         vals[i][1] = vals[i][1] + cost
         vals[i][3] = w[i]
+        if ok == 0 then
+          -- A denied request charged by CountDenied waits for its own
+          -- entries to leave too: until the (limit - cost + 1)-th newest
+          -- has left the window.
+          local e = 0
+          if vals[i][1] + cost > limit[i] then
+            local x = tonumber(redis.call('LINDEX', KEYS[kk], limit[i] - cost))
+            if x then e = x + w[i] - now end
+          end
+          vals[i][2] = e
+        end
       else
         local tat = math.min(math.max(num(KEYS[kk]), now) + cost * w[i], now + maxahead)
         redis.call('SET', KEYS[kk], tat, 'PX', math.floor((tat - now) / 1000) + 60000)
