@@ -418,3 +418,57 @@ func TestAsyncBlindSpanIsTwoSyncPeriods(t *testing.T) {
 		})
 	}
 }
+
+// A node that decides a key for the first time, or for the first time
+// since an earlier window than the previous one, reads the store's total
+// of the previous window at its first sync: a sliding rule weighs what the
+// other nodes admitted there. Node A admits the limit in one window; node
+// B, new to the key or last seen on it two windows before, decides it 10ms
+// into the next window: after its first sync it sees A's 100 weighing 99.
+func TestAsyncNodeReadsThePreviousWindowOfAKeyNewToIt(t *testing.T) {
+	for _, policy := range []AsyncPolicy{Naive, Share} {
+		for _, returning := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/returning=%v", policy, returning), func(t *testing.T) {
+				mock := &stepClock{Mock: clock.NewMock()}
+				mock.Set(t0)
+				mem := store.NewMemory(mock)
+				var nodes []*Limiter
+				for i := range 2 {
+					l, err := New(Config{
+						Rules: []Rule{{Limit: 100, Window: time.Second}}, Mode: ModeAsync, Store: mem,
+						SyncRate: 100 * time.Millisecond, AsyncPolicy: policy, Clock: mock, Manual: true, Seed: uint64(i + 1), ClockSync: -1,
+					})
+					require.NoError(t, err)
+					t.Cleanup(func() { _ = l.Close(context.Background()) })
+					nodes = append(nodes, l)
+				}
+				a, b := nodes[0], nodes[1]
+				ctx := context.Background()
+				if returning {
+					res, err := b.Allow(ctx, "k")
+					require.NoError(t, err)
+					require.True(t, res.Allowed)
+					require.NoError(t, b.Sync(ctx))
+				}
+				mock.Set(t0.Add(1500 * time.Millisecond))
+				for range 100 {
+					res, err := a.Allow(ctx, "k")
+					require.NoError(t, err)
+					require.True(t, res.Allowed)
+				}
+				require.NoError(t, a.Sync(ctx))
+				mock.Set(t0.Add(2010 * time.Millisecond))
+				res, err := b.Allow(ctx, "k") // B has not read the key yet
+				require.NoError(t, err)
+				require.True(t, res.Allowed)
+				require.NoError(t, b.Sync(ctx))
+				res, err = b.Allow(ctx, "k")
+				require.NoError(t, err)
+				assert.False(t, res.Allowed, "B sees A's 100 of the previous window, weighing 99")
+				st, err := b.State(ctx, "k", nil)
+				require.NoError(t, err)
+				assert.Equal(t, int64(0), st[0].Remaining)
+			})
+		}
+	}
+}
