@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/internal/storetest"
 	"github.com/hybridlimit/hybridlimit/store"
 )
 
@@ -444,4 +448,67 @@ func conserve(t *testing.T, rules []Rule, policy AsyncPolicy, denied bool, seed 
 		require.Equal(t, dropped, missing, "calls: %v", st.calls)
 	}
 	t.Logf("calls %v, admitted %v, denied %v, counters %d, dropped %d", st.calls, r.allowed, r.deniedN, len(r.charged), dropped)
+}
+
+// The same on a Redis server, with the background loops running and
+// decisions from many goroutines on every node: after Close, the store
+// holds exactly what the nodes admitted, each increment once.
+func TestRedisAsyncConcurrentNodesConserve(t *testing.T) {
+	st := storetest.Redis(t, redistest.Client(t))
+	prefix := redistest.Prefix(t)
+	rules := []Rule{{Limit: 300, Window: time.Hour, Type: Fixed}, {Limit: 50, Window: 100 * time.Millisecond}}
+	var nodes []*Limiter
+	for range 3 {
+		l, err := New(Config{Rules: rules, Mode: ModeAsync, Store: st, Prefix: prefix, SyncRate: 10 * time.Millisecond, ClockSync: -1})
+		require.NoError(t, err)
+		nodes = append(nodes, l)
+	}
+	keys := []string{"a", "b", "c"}
+	time.Sleep(200 * time.Millisecond) // the loops start
+	var admitted [3]atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for g := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := nodes[g%len(nodes)]
+			for i := 0; time.Now().Before(deadline); i++ {
+				k := (g + i) % len(keys)
+				res, err := l.Allow(context.Background(), keys[k])
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if res.Allowed {
+					admitted[k].Add(1)
+				}
+				if i%16 == 0 {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i, l := range nodes {
+		s := l.Stats()
+		t.Logf("node %d: allowed %d, denied %d, sync period %v, cycle %v, cycles %d, errors %d, last error %v", i, s.Allowed, s.Denied, s.SyncPeriod, s.SyncCycleTime, s.SyncCycles, s.SyncErrors, s.LastError)
+	}
+	for _, l := range nodes {
+		require.NoError(t, l.Close(context.Background()))
+	}
+	rdb := redistest.Client(t)
+	hour := time.Now().UnixMilli() / time.Hour.Milliseconds()
+	for k, key := range keys {
+		total := int64(0)
+		for _, id := range []int64{hour - 1, hour} { // the run may straddle an hour
+			n, err := rdb.Get(context.Background(), store.CounterKey(prefix, store.Counter{Key: key, Window: time.Hour.Milliseconds(), ID: id})).Int64()
+			if err == nil {
+				total += n
+			}
+		}
+		assert.Equal(t, admitted[k].Load(), total, "key %s", key)
+		assert.LessOrEqual(t, total, int64(3*300), "key %s: at most the limit per node", key)
+		t.Logf("key %s: %d admitted", key, total)
+	}
 }
