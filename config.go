@@ -25,7 +25,10 @@ const (
 	// merged at the last sync; a background loop pushes this node's
 	// increments to the store and pulls the merged totals back every
 	// SyncRate. Decisions do no I/O; the cluster can overshoot the limit by
-	// what the other nodes admit within one sync period.
+	// what the other nodes admit within two sync periods (a node sees
+	// another's admission one to two periods after it), and a node that
+	// has not decided a key within the last three sync periods decides it
+	// alone until its next sync (see docs/design.md, "The share policy").
 	ModeAsync
 	// ModeSynchronous decides every request in the store, atomically: one
 	// round trip per decision, and never more admitted across the cluster

@@ -43,7 +43,7 @@ type Stats struct {
 	// longer: SyncRate while the loop keeps up, more when a cycle takes
 	// longer than SyncRate (many keys, a slow store) or the loop backs off
 	// while the store fails. Async decisions see the other nodes' counts
-	// up to SyncPeriod plus a round trip late. SyncCycleTime is the last
+	// up to two SyncPeriods plus round trips late. SyncCycleTime is the last
 	// cycle's duration and SyncCycleKeys the keys it handled.
 	SyncPeriod, SyncCycleTime time.Duration
 	SyncCycleKeys             int

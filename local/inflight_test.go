@@ -53,7 +53,9 @@ func TestTakenIncrementsStayUnsyncedAcrossRollovers(t *testing.T) {
 					t.Fatalf("evicted %d entries holding a batch the store has not answered", n)
 				}
 				if applied {
-					tb.Settle(e, now, pushes, []int64{5})
+					totals := make([]int64, len(pushes)) // the reads' totals: 0
+					totals[0] = 5
+					tb.Settle(e, now, pushes, totals)
 					if got := tb.Unsynced(e); got != 0 {
 						t.Fatalf("applied: Unsynced %d, want 0", got)
 					}

@@ -127,6 +127,11 @@ func (r *Rule) Interval() time.Duration { return time.Duration(r.t) }
 // Burst returns a GCRA rule's bucket size or a Leaky rule's queue size.
 func (r *Rule) Burst() int64 { return r.burst }
 
+// weighsPrev reports whether the rule's decisions weigh the previous
+// window's count (Sliding; Buckets, whose previous window is the last
+// closed bucket).
+func (r *Rule) weighsPrev() bool { return r.kind == Sliding || r.kind == Buckets }
+
 // counted reports whether the rule counts in window counters (Sliding,
 // Fixed, Buckets).
 func (r *Rule) counted() bool { return r.kind <= Buckets }

@@ -471,6 +471,11 @@ func (t *Table) scratch(key string, now int64) *Entry {
 		if t.rules[i].counted() {
 			id, _ := WindowOf(now, t.rules[i].w)
 			e.ctr(i).win.Store(id)
+			if t.syncing && t.rules[i].weighsPrev() {
+				// The first take reads the previous window's total: the
+				// other nodes may have counted in it.
+				e.prevReads |= (readFirst | readUntil) << i
+			}
 		}
 	}
 	e.lastSeen.Store(now)
