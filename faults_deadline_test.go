@@ -25,7 +25,8 @@ import (
 // decide by their FailurePolicy (FailOpen admits, FailClosed denies,
 // Degraded); the async FailClosed limiter denies once its cycles fail; and
 // Close, with a 300 ms context, returns within ten times that, counting
-// the increments the hung store lacks.
+// the increments the hung store lacks (none for the synchronous FailClosed
+// limiter, whose Close returns nil).
 func TestFaultHangDecisionsKeepTheirDeadline(t *testing.T) {
 	redistest.Destructive(t)
 	addr := redistest.Addr(t)
@@ -119,6 +120,7 @@ func TestFaultHangDecisionsKeepTheirDeadline(t *testing.T) {
 	assert.Positive(t, syncClosed.degraded.Load(), "synchronous FailClosed: Degraded")
 	assert.Equal(t, asyncOpen.n.Load(), asyncOpen.allowed.Load(), "async FailOpen admits")
 	assert.Positive(t, asyncClosed.n.Load()-asyncClosed.allowed.Load(), "async FailClosed denies once its cycles fail")
+	assert.NoError(t, syncClosed.closeErr, "synchronous FailClosed counted nothing on its own: the store lacks nothing")
 	for _, nd := range []*node{syncOpen, asyncOpen, asyncClosed} {
 		// Their decisions during the hang were counted on the node: the
 		// hung store lacks them.
