@@ -86,7 +86,10 @@ type RedisOptions struct {
 }
 
 // NewRedis returns a store on the client c. It returns an error for
-// options out of range.
+// options out of range. Every call ends at its context's deadline: when c
+// does not end it there (go-redis' ContextTimeoutEnabled unset, its
+// default), the store stops waiting and leaves the call to the client, in
+// doubt.
 func NewRedis(c redis.UniversalClient, o RedisOptions) (*Redis, error) {
 	if c == nil {
 		return nil, errors.New("store: NewRedis: the client is nil")

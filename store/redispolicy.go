@@ -101,7 +101,7 @@ func (s *Redis) PutPolicy(ctx context.Context, prefix string, p Policy, now int6
 	if berr := s.bounded(ctx, func() {
 		err = putPolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(p.Kind, p.Key), policyValue(&p), now).Err()
 	}); berr != nil {
-		err = berr
+		return fmt.Errorf("store: redis: put %v of key %q: %w", p.Kind, p.Key, berr)
 	}
 	if err != nil {
 		return fmt.Errorf("store: redis: put %v of key %q: %w", p.Kind, p.Key, err)
@@ -117,7 +117,7 @@ func (s *Redis) DeletePolicy(ctx context.Context, prefix string, kind PolicyKind
 	if berr := s.bounded(ctx, func() {
 		n, err = deletePolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(kind, key)).Int64()
 	}); berr != nil {
-		err = berr
+		return false, fmt.Errorf("store: redis: delete %v of key %q: %w", kind, key, berr)
 	}
 	if err != nil {
 		return false, fmt.Errorf("store: redis: delete %v of key %q: %w", kind, key, err)
@@ -137,7 +137,7 @@ func (s *Redis) Escalate(ctx context.Context, prefix, key, reason string, now in
 		v, err = escalateScript.Run(ctx, s.c, policyKeys(prefix), key, reason, now,
 			base.Milliseconds(), max.Milliseconds(), forget.Milliseconds()).Slice()
 	}); berr != nil {
-		v, err = nil, berr
+		return Policy{}, fmt.Errorf("store: redis: block key %q: %w", key, berr)
 	}
 	if err == nil && len(v) != 3 {
 		err = fmt.Errorf("escalate replied %d values, want 3", len(v))
@@ -157,7 +157,7 @@ func (s *Redis) PolicyVersion(ctx context.Context, prefix string) (uint64, error
 	var v string
 	var err error
 	if berr := s.bounded(ctx, func() { v, err = s.c.Get(ctx, policyKeys(prefix)[1]).Result() }); berr != nil {
-		v, err = "", berr
+		return 0, fmt.Errorf("store: redis: policy version: %w", berr)
 	}
 	if err == redis.Nil {
 		return 0, nil
@@ -178,7 +178,7 @@ func (s *Redis) Policies(ctx context.Context, prefix string) (uint64, []Policy, 
 	var v []any
 	var err error
 	if berr := s.bounded(ctx, func() { v, err = policiesScript.Run(ctx, s.c, policyKeys(prefix)).Slice() }); berr != nil {
-		v, err = nil, berr
+		return 0, nil, fmt.Errorf("store: redis: policies: %w", berr)
 	}
 	if err == nil && len(v)%2 != 1 {
 		err = fmt.Errorf("policies replied %d values", len(v))
@@ -218,7 +218,7 @@ func (s *Redis) AddTags(ctx context.Context, prefix, key string, tags []TagCount
 	s.calls.Add(1)
 	var err error
 	if berr := s.bounded(ctx, func() { err = addTagsScript.Run(ctx, s.c, []string{TagsKey(prefix, key)}, argv...).Err() }); berr != nil {
-		err = berr
+		return fmt.Errorf("store: redis: add tags of key %q: %w", key, berr)
 	}
 	if err != nil {
 		return fmt.Errorf("store: redis: add tags of key %q: %w", key, err)
@@ -232,7 +232,7 @@ func (s *Redis) Tags(ctx context.Context, prefix, key string, n int) ([]TagCount
 	var zs []redis.Z
 	var err error
 	if berr := s.bounded(ctx, func() { zs, err = s.c.ZRevRangeWithScores(ctx, TagsKey(prefix, key), 0, int64(n)-1).Result() }); berr != nil {
-		zs, err = nil, berr
+		return nil, fmt.Errorf("store: redis: tags of key %q: %w", key, berr)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("store: redis: tags of key %q: %w", key, err)
