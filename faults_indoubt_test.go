@@ -119,3 +119,87 @@ func TestFaultStandaloneInDoubtThenRestartEmpty(t *testing.T) {
 	t.Logf("batches in doubt at the kill, per node: %v; admitted %d; the restarted server holds %d; lost with the killed server %d",
 		doubts, admitted.sum(keys), sum, lost)
 }
+
+// The standalone server hangs (SIGSTOP) under async traffic until every
+// node holds a batch in doubt and its circuit is open, then resumes
+// (SIGCONT): the resumed server runs the calls queued on its connections,
+// and the nodes send their batches in doubt again. Proven: every batch is
+// applied exactly once, so the store holds exactly what was admitted, key
+// by key; decisions never waited on the store nor returned an error.
+func TestFaultStandaloneHangAsyncAppliedOnce(t *testing.T) {
+	redistest.Destructive(t)
+	addr := redistest.Addr(t)
+	pfx := redistest.Prefix(t)
+	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
+	var nodes []*hybridlimit.Limiter
+	for range 3 {
+		l, err := hybridlimit.New(faultConfig(hybridlimit.ModeAsync, newRedisStore(t, faultClient(t, addr)), pfx, "", 0))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		nodes = append(nodes, l)
+	}
+	admitted := newTally(keys)
+	var errs, worst atomic.Int64
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, l := range nodes {
+		traffic(&wg, 2, stop, func(g, i int) bool {
+			k := keys[(g+i)%len(keys)]
+			t0 := time.Now()
+			res, err := l.Allow(ctx, k)
+			d := time.Since(t0).Nanoseconds()
+			for w := worst.Load(); d > w && !worst.CompareAndSwap(w, d); w = worst.Load() {
+			}
+			if err != nil {
+				errs.Add(1)
+				return false
+			}
+			if res.Allowed {
+				admitted.add(k)
+			}
+			if i%16 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+			return true
+		})
+	}
+	time.Sleep(500 * time.Millisecond)
+	srv := redistest.ServerAt(t, addr)
+	srv.Stop()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n := 0
+		for _, l := range nodes {
+			if st := l.Stats(); st.InDoubt > 0 && st.StoreFailing {
+				n++
+			}
+		}
+		if n == len(nodes) {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the nodes hold no batch in doubt")
+	}
+	time.Sleep(500 * time.Millisecond)
+	srv.Cont()
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	closeAll(t, nodes, 10*time.Second)
+	end := time.Now()
+
+	assert.Zero(t, errs.Load(), "decisions returned errors")
+	assert.Less(t, time.Duration(worst.Load()), faultTimeout, "an async decision waited on the store")
+	for i, l := range nodes {
+		assert.Zero(t, l.Stats().Dropped, "node %d dropped increments", i)
+	}
+	c := faultClient(t, addr)
+	ids := hourIDs(start, end)
+	var sum int64
+	for _, k := range keys {
+		s := stored(t, c, pfx, k, ids)
+		assert.Equal(t, admitted.get(k), s, "key %q", k)
+		sum += s
+	}
+	t.Logf("admitted %d, stored %d; slowest decision %v", admitted.sum(keys), sum, time.Duration(worst.Load()))
+}
