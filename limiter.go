@@ -178,22 +178,32 @@ func (l *Limiter) start(longest, rate time.Duration) {
 }
 
 // watchPolicies reloads the policies every rate when their version
-// changed, and adds the tags seen to the store, until Close.
+// changed, and adds the tags seen to the store, until Close. Close cancels
+// a reload under way: it does not wait for a store that does not answer.
 func (l *Limiter) watchPolicies(rate time.Duration) {
 	defer l.wg.Done()
 	t := l.cfg.Clock.Ticker(rate)
 	defer t.Stop()
+	stopped, cancelAll := context.WithCancel(context.Background())
+	defer cancelAll()
+	go func() {
+		select {
+		case <-l.stop:
+			cancelAll()
+		case <-stopped.Done():
+		}
+	}()
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
-		if err := l.pol.reload(ctx, false); err != nil {
+		ctx, cancel := context.WithTimeout(stopped, l.cfg.StoreTimeout)
+		if err := l.pol.reload(ctx, false); err != nil && stopped.Err() == nil {
 			l.loop.ReportError(err)
 		}
-		if err := l.flushTags(ctx); err != nil {
+		if err := l.flushTags(ctx); err != nil && stopped.Err() == nil {
 			l.loop.ReportError(err)
 		}
 		cancel()

@@ -26,7 +26,9 @@ import (
 // the sync loop pushes later. A request whose answer was lost may still
 // have been counted by the store before its deadline (half of
 // Config.StoreTimeout after it was sent), and is then counted twice: at
-// most the requests of the batches in flight when a connection broke. A
+// most the requests of the batches in flight when the answers stopped, and
+// of one batch per probe of the store's circuit breaker while answers stay
+// lost from a server that still runs the calls (docs/failures.md). A
 // store that hung and resumes counts nothing past a request's deadline,
 // and the store's circuit breaker fails requests at once while it does not
 // answer.

@@ -40,6 +40,9 @@ type Redis struct {
 	node    string // this store's identity in take markers
 	seq     atomic.Uint64
 	breaker *breaker
+	// deadlines tells whether c ends a call at its context's deadline
+	// (honorsDeadlines); otherwise bounded does.
+	deadlines bool
 
 	// Take calls go out on streams: a stream carries one pipeline at a
 	// time, so that the take marker of a stream and group sees its calls
@@ -83,7 +86,10 @@ type RedisOptions struct {
 }
 
 // NewRedis returns a store on the client c. It returns an error for
-// options out of range.
+// options out of range. Every call ends at its context's deadline: when c
+// does not end it there (go-redis' ContextTimeoutEnabled unset, its
+// default), the store stops waiting and leaves the call to the client, in
+// doubt.
 func NewRedis(c redis.UniversalClient, o RedisOptions) (*Redis, error) {
 	if c == nil {
 		return nil, errors.New("store: NewRedis: the client is nil")
@@ -117,12 +123,57 @@ func NewRedis(c redis.UniversalClient, o RedisOptions) (*Redis, error) {
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	s := &Redis{c: c, o: o, node: hex.EncodeToString(id[:])}
+	s := &Redis{c: c, o: o, node: hex.EncodeToString(id[:]), deadlines: honorsDeadlines(c)}
 	s.cluster, _ = c.(*redis.ClusterClient)
 	if o.BreakerMin > 0 {
 		s.breaker = newBreaker(o.BreakerMin, o.BreakerMax)
 	}
 	return s, nil
+}
+
+// honorsDeadlines reports whether c ends a command at its context's
+// deadline (go-redis' ContextTimeoutEnabled). Without it, go-redis waits
+// for a reply up to the client's ReadTimeout (3 s by default), whatever
+// the context says.
+func honorsDeadlines(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// bounded runs f, which calls the server through the client with ctx, and
+// returns nil once f returned, or an error wrapping ctx's when ctx ends
+// first: a call ends at its context's deadline even when the client does
+// not end it (see honorsDeadlines). f then goes on in its own goroutine
+// until the client gives up: the caller must not read what f writes, nor
+// reuse what f reads, once bounded returned an error.
+func (s *Redis) bounded(ctx context.Context, f func()) error {
+	if s.deadlines || ctx.Done() == nil {
+		f()
+		return nil
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		select {
+		case <-done: // both: the answer wins
+			return nil
+		default:
+		}
+		return fmt.Errorf("store: redis: no answer before the call's deadline: %w", ctx.Err())
+	}
 }
 
 // Calls returns the number of pipelines and commands sent.
@@ -234,6 +285,16 @@ func (s *Redis) slotOf(g int) int { return g }
 // look down.
 func (s *Redis) Time(ctx context.Context) (time.Time, error) {
 	s.calls.Add(1)
+	var t time.Time
+	var err error
+	if berr := s.bounded(ctx, func() { t, err = s.time(ctx) }); berr != nil {
+		return time.Time{}, fmt.Errorf("store: redis TIME: %w", berr)
+	}
+	return t, err
+}
+
+// time is Time, unbounded.
+func (s *Redis) time(ctx context.Context) (time.Time, error) {
 	t, err := s.c.Time(ctx).Result()
 	if err == nil {
 		return t, nil

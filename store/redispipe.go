@@ -50,9 +50,10 @@ func (s *Redis) lanes(n int, lane func(i int) int, f func(items []int)) {
 // otherwise its hash (EVALSHA), and the calls that the server answers
 // NOSCRIPT go again with the text in a second pipeline.
 func (s *Redis) exec(ctx context.Context, script luaScript, whole bool, items []int, args func(i int) ([]string, []any)) []*redis.Cmd {
-	return execScript(s, ctx, script, whole, items, func(i int) ([]any, int) {
+	cmds, _ := execScript(s, ctx, script, whole, items, func(i int) ([]any, int) {
 		return scriptArgs(args(i))
 	}, redis.NewCmd)
+	return cmds
 }
 
 // scriptArgs returns a script call's arguments with keys and argv, after
@@ -71,8 +72,10 @@ func scriptArgs(keys []string, argv []any) ([]any, int) {
 // execScript is exec with commands made by newCmd, whose type reads the
 // reply (a *redis.IntSliceCmd reads an array of integers into one []int64
 // without boxing each value), and args(i) giving item i's arguments as
-// scriptArgs does.
-func execScript[C redis.Cmder](s *Redis, ctx context.Context, script luaScript, whole bool, items []int, args func(i int) ([]any, int), newCmd func(context.Context, ...any) C) []C {
+// scriptArgs does. It returns false when ctx ended before the server
+// answered (Redis.bounded): every command then carries that error, and the
+// arguments args returned belong to the client until it gives up.
+func execScript[C redis.Cmder](s *Redis, ctx context.Context, script luaScript, whole bool, items []int, args func(i int) ([]any, int), newCmd func(context.Context, ...any) C) ([]C, bool) {
 	cmds := make([]C, len(items))
 	argv := make([][]any, len(items))
 	nkeys := make([]int, len(items))
@@ -87,7 +90,9 @@ func execScript[C redis.Cmder](s *Redis, ctx context.Context, script luaScript, 
 	}
 	wait := s.wait(ctx, pipe)
 	s.calls.Add(1)
-	_, _ = pipe.Exec(ctx)
+	if err := s.bounded(ctx, func() { _, _ = pipe.Exec(ctx) }); err != nil {
+		return abandoned(ctx, cmds, err, newCmd), false
+	}
 	waited(s.o.WaitReplicas, wait, cmds)
 	var retry []int
 	for k, cmd := range cmds {
@@ -104,8 +109,24 @@ func execScript[C redis.Cmder](s *Redis, ctx context.Context, script luaScript, 
 		}
 		wait := s.wait(ctx, pipe)
 		s.calls.Add(1)
-		_, _ = pipe.Exec(ctx)
+		if err := s.bounded(ctx, func() { _, _ = pipe.Exec(ctx) }); err != nil {
+			for j, k := range retry {
+				cmds[k] = abandoned(ctx, again[j:j+1], err, newCmd)[0]
+			}
+			return cmds, false
+		}
 		waited(s.o.WaitReplicas, wait, again)
+	}
+	return cmds, true
+}
+
+// abandoned replaces cmds, whose pipeline ctx's end cut short while the
+// client still waits for its reply, by new commands failed with err: the
+// client goes on writing the old ones.
+func abandoned[C redis.Cmder](ctx context.Context, cmds []C, err error, newCmd func(context.Context, ...any) C) []C {
+	for k := range cmds {
+		cmds[k] = newCmd(ctx)
+		cmds[k].SetErr(err)
 	}
 	return cmds
 }

@@ -97,7 +97,12 @@ func (s *Redis) PutPolicy(ctx context.Context, prefix string, p Policy, now int6
 		return err
 	}
 	s.calls.Add(1)
-	err := putPolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(p.Kind, p.Key), policyValue(&p), now).Err()
+	var err error
+	if berr := s.bounded(ctx, func() {
+		err = putPolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(p.Kind, p.Key), policyValue(&p), now).Err()
+	}); berr != nil {
+		return fmt.Errorf("store: redis: put %v of key %q: %w", p.Kind, p.Key, berr)
+	}
 	if err != nil {
 		return fmt.Errorf("store: redis: put %v of key %q: %w", p.Kind, p.Key, err)
 	}
@@ -107,7 +112,13 @@ func (s *Redis) PutPolicy(ctx context.Context, prefix string, p Policy, now int6
 // DeletePolicy implements PolicyStore.
 func (s *Redis) DeletePolicy(ctx context.Context, prefix string, kind PolicyKind, key string) (bool, error) {
 	s.calls.Add(1)
-	n, err := deletePolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(kind, key)).Int64()
+	var n int64
+	var err error
+	if berr := s.bounded(ctx, func() {
+		n, err = deletePolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(kind, key)).Int64()
+	}); berr != nil {
+		return false, fmt.Errorf("store: redis: delete %v of key %q: %w", kind, key, berr)
+	}
 	if err != nil {
 		return false, fmt.Errorf("store: redis: delete %v of key %q: %w", kind, key, err)
 	}
@@ -120,8 +131,14 @@ func (s *Redis) Escalate(ctx context.Context, prefix, key, reason string, now in
 		return Policy{}, err
 	}
 	s.calls.Add(1)
-	v, err := escalateScript.Run(ctx, s.c, policyKeys(prefix), key, reason, now,
-		base.Milliseconds(), max.Milliseconds(), forget.Milliseconds()).Slice()
+	var v []any
+	var err error
+	if berr := s.bounded(ctx, func() {
+		v, err = escalateScript.Run(ctx, s.c, policyKeys(prefix), key, reason, now,
+			base.Milliseconds(), max.Milliseconds(), forget.Milliseconds()).Slice()
+	}); berr != nil {
+		return Policy{}, fmt.Errorf("store: redis: block key %q: %w", key, berr)
+	}
 	if err == nil && len(v) != 3 {
 		err = fmt.Errorf("escalate replied %d values, want 3", len(v))
 	}
@@ -137,7 +154,11 @@ func (s *Redis) Escalate(ctx context.Context, prefix, key, reason string, now in
 // PolicyVersion implements PolicyStore.
 func (s *Redis) PolicyVersion(ctx context.Context, prefix string) (uint64, error) {
 	s.calls.Add(1)
-	v, err := s.c.Get(ctx, policyKeys(prefix)[1]).Result()
+	var v string
+	var err error
+	if berr := s.bounded(ctx, func() { v, err = s.c.Get(ctx, policyKeys(prefix)[1]).Result() }); berr != nil {
+		return 0, fmt.Errorf("store: redis: policy version: %w", berr)
+	}
 	if err == redis.Nil {
 		return 0, nil
 	}
@@ -154,7 +175,11 @@ func (s *Redis) PolicyVersion(ctx context.Context, prefix string) (uint64, error
 // Policies implements PolicyStore.
 func (s *Redis) Policies(ctx context.Context, prefix string) (uint64, []Policy, error) {
 	s.calls.Add(1)
-	v, err := policiesScript.Run(ctx, s.c, policyKeys(prefix)).Slice()
+	var v []any
+	var err error
+	if berr := s.bounded(ctx, func() { v, err = policiesScript.Run(ctx, s.c, policyKeys(prefix)).Slice() }); berr != nil {
+		return 0, nil, fmt.Errorf("store: redis: policies: %w", berr)
+	}
 	if err == nil && len(v)%2 != 1 {
 		err = fmt.Errorf("policies replied %d values", len(v))
 	}
@@ -191,7 +216,11 @@ func (s *Redis) AddTags(ctx context.Context, prefix, key string, tags []TagCount
 		argv = append(argv, t.Tag, t.Count)
 	}
 	s.calls.Add(1)
-	if err := addTagsScript.Run(ctx, s.c, []string{TagsKey(prefix, key)}, argv...).Err(); err != nil {
+	var err error
+	if berr := s.bounded(ctx, func() { err = addTagsScript.Run(ctx, s.c, []string{TagsKey(prefix, key)}, argv...).Err() }); berr != nil {
+		return fmt.Errorf("store: redis: add tags of key %q: %w", key, berr)
+	}
+	if err != nil {
 		return fmt.Errorf("store: redis: add tags of key %q: %w", key, err)
 	}
 	return nil
@@ -200,7 +229,11 @@ func (s *Redis) AddTags(ctx context.Context, prefix, key string, tags []TagCount
 // Tags implements TagStore.
 func (s *Redis) Tags(ctx context.Context, prefix, key string, n int) ([]TagCount, error) {
 	s.calls.Add(1)
-	zs, err := s.c.ZRevRangeWithScores(ctx, TagsKey(prefix, key), 0, int64(n)-1).Result()
+	var zs []redis.Z
+	var err error
+	if berr := s.bounded(ctx, func() { zs, err = s.c.ZRevRangeWithScores(ctx, TagsKey(prefix, key), 0, int64(n)-1).Result() }); berr != nil {
+		return nil, fmt.Errorf("store: redis: tags of key %q: %w", key, berr)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store: redis: tags of key %q: %w", key, err)
 	}

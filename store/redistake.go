@@ -85,11 +85,16 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			if len(send) == 0 {
 				return
 			}
-			cmds := execScript(s, ctx, takeScript, false, send, func(i int) ([]any, int) {
+			cmds, answered := execScript(s, ctx, takeScript, false, send, func(i int) ([]any, int) {
 				c := calls[i]
 				arenas[i] = takeArenas.Get().(*takeArena)
 				return arenas[i].args(c.marker, c.seq, ttl, c.reqs)
 			}, redis.NewIntSliceCmd)
+			if !answered {
+				for _, i := range send {
+					arenas[i] = nil // the client may still write its arguments
+				}
+			}
 			outcome := make(map[string]error, 1)
 			for k, i := range send {
 				readTake(cmds[k], calls[i].reqs)

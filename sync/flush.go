@@ -61,6 +61,11 @@ func (l *Loop) Flush(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if n, _ := l.unsynced(); n == 0 && l.refusal == nil {
+				// What is left in doubt only reads counters (pushes of
+				// zero): the store lacks nothing.
+				return nil
+			}
 			return l.unflushed(ctx.Err())
 		case <-t.C:
 		}
@@ -79,16 +84,22 @@ func (l *Loop) Flush(ctx context.Context) error {
 // the table: counting the batches in doubt as well counted their
 // increments twice.
 func (l *Loop) unflushed(cause error) error {
-	var n, keys int64
+	n, keys := l.unsynced()
+	last := cause
+	if b := l.stats.lastError.Load(); b != nil {
+		last = fmt.Errorf("%w; last store error: %w", cause, b.err)
+	}
+	return fmt.Errorf("hybridlimit: Close: %d increments of %d keys may not have reached the store: %w", n, keys, last)
+}
+
+// unsynced returns the increments the store has not acknowledged, and the
+// number of keys holding them.
+func (l *Loop) unsynced() (n, keys int64) {
 	for _, o := range l.all() {
 		if u := o.t.Unsynced(o.e); u > 0 {
 			n += u
 			keys++
 		}
 	}
-	last := cause
-	if b := l.stats.lastError.Load(); b != nil {
-		last = fmt.Errorf("%w; last store error: %w", cause, b.err)
-	}
-	return fmt.Errorf("hybridlimit: Close: %d increments of %d keys may not have reached the store: %w", n, keys, last)
+	return n, keys
 }
