@@ -95,7 +95,10 @@ func TestEvictionRacingADecisionLosesNothing(t *testing.T) {
 		tb := NewTable(Options{Rules: rules, MaxKeys: 10})
 		rounds := 1_000_000 // the old order failed in 2 to 301 rounds of a million
 		if raceOn {
-			rounds = 20_000
+			// Under the race detector on a loaded machine a round costs
+			// milliseconds (each hand-over waits for the other goroutine's
+			// thread): 20,000 rounds took two minutes.
+			rounds = 5_000
 		}
 		step := int64(10 * time.Second) // more than twice the window: the key is idle
 		var turn atomic.Int64           // 2r+1: round r's eviction may start
