@@ -93,7 +93,7 @@ func hybridAsync(tb testing.TB, rules []limit) decider {
 	return newHybrid(tb, hybridlimit.Config{
 		Rules:  hybridRules(rules),
 		Mode:   hybridlimit.ModeAsync,
-		Store:  storetest.Redis(tb, redistest.Client(tb)),
+		Store:  storetest.Redis(tb, hybridClient(tb)),
 		Prefix: redistest.Prefix(tb),
 	})
 }
@@ -102,9 +102,21 @@ func hybridSync(tb testing.TB, rules []limit) decider {
 	return newHybrid(tb, hybridlimit.Config{
 		Rules:  hybridRules(rules),
 		Mode:   hybridlimit.ModeSynchronous,
-		Store:  storetest.Redis(tb, redistest.Client(tb)),
+		Store:  storetest.Redis(tb, hybridClient(tb)),
 		Prefix: redistest.Prefix(tb),
 	})
+}
+
+// hybridClient returns a client of the test server configured as the
+// README configures hybridlimit's: go-redis ends a call at its context's
+// deadline itself (ContextTimeoutEnabled), so that the store need not run
+// each call on a goroutine of its own to end it there.
+func hybridClient(tb testing.TB) *redis.Client {
+	o := *redistest.Client(tb).Options()
+	o.ContextTimeoutEnabled = true
+	c := redis.NewClient(&o)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 // --- chaining for the peers that take one rule per limiter ---

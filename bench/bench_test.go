@@ -158,7 +158,7 @@ func BenchmarkTakeScript(b *testing.B) {
 }
 
 func benchTakeScript(b *testing.B) {
-	st, err := store.NewRedis(redistest.Client(b), store.RedisOptions{Lanes: 1})
+	st, err := store.NewRedis(hybridClient(b), store.RedisOptions{Lanes: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -841,6 +841,7 @@ func eachLane(b *testing.B, ctx context.Context, lanes int, push func(ctx contex
 func syncClient(b *testing.B) *redis.Client {
 	o := *redistest.Client(b).Options()
 	o.ReadTimeout, o.WriteTimeout = time.Minute, time.Minute
+	o.ContextTimeoutEnabled = true // as hybridClient
 	c := redis.NewClient(&o)
 	b.Cleanup(func() { _ = c.Close() })
 	return c

@@ -108,7 +108,7 @@ func newServer(c config, log *slog.Logger) (*hybridlimit.Limiter, http.Handler, 
 		cfg.FailurePolicy = hybridlimit.FailClosed
 	}
 	if c.redisAddr != "" {
-		rdb := redis.NewClient(&redis.Options{Addr: c.redisAddr})
+		rdb := redis.NewClient(&redis.Options{Addr: c.redisAddr, ContextTimeoutEnabled: true})
 		st, err := store.NewRedis(rdb, store.RedisOptions{})
 		if err != nil {
 			_ = rdb.Close()
