@@ -74,7 +74,7 @@ hybridlimit_store_failing{limiter="api"} 0
 	).Replace(before)
 	assert.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(after), names...))
 	assert.Equal(t, [2]uint64{1, 0}, syncCounts(t, c, "hybridlimit"), "one cycle, ok")
-	assert.Equal(t, 2.0, value(t, c, "hybridlimit_sync_ops_total"), "one INCRBY per key and rule")
+	assert.Equal(t, 4.0, value(t, c, "hybridlimit_sync_ops_total"), "per key and rule, an INCRBY and, at the key's first sync on this node, a read of the previous window")
 
 	c.ObserveSync(3*time.Second, 10, errors.New("down"))
 	assert.Equal(t, [2]uint64{1, 1}, syncCounts(t, c, "hybridlimit"), "one ok, one error")
@@ -216,7 +216,7 @@ func Example() {
 	// hybridlimit_sync_cycles_total limiter=api 1
 	// hybridlimit_sync_duration_seconds limiter=api,result=error count 0
 	// hybridlimit_sync_duration_seconds limiter=api,result=ok count 1
-	// hybridlimit_sync_ops_total limiter=api 1
+	// hybridlimit_sync_ops_total limiter=api 2
 }
 
 func labels(ls []*dto.LabelPair) string {
