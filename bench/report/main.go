@@ -6,7 +6,7 @@
 //
 // Run it from the repository root (or from bench/):
 //
-//	go run ./bench/report                 # about 15 minutes on 2 cores
+//	go run ./bench/report                 # about 11 minutes on 2 cores (the Rotation family 4)
 //	go run ./bench/report -count 3        # median of 3 runs per benchmark
 //	go run ./bench/report -raw bench.txt  # also keep go test's output, for benchstat
 //
