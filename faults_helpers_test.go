@@ -234,3 +234,88 @@ func traffic(wg *sync.WaitGroup, n int, stop <-chan struct{}, f func(g, i int) b
 		})
 	}
 }
+
+// ackTally counts, per key, the increments of the pushes the store applied
+// and answered before cut (Unix ns; none is set while cut is 0): what a
+// server killed at cut had acknowledged, and so lost.
+type ackTally struct {
+	cut atomic.Int64
+	mu  sync.Mutex
+	n   map[string]int64
+}
+
+// watch makes w record its applied pushes in a.
+func (a *ackTally) watch(w *watched) {
+	w.onPush = func(_, end time.Time, bs []*store.Batch) {
+		if c := a.cut.Load(); c != 0 && end.UnixNano() >= c {
+			return
+		}
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.n == nil {
+			a.n = map[string]int64{}
+		}
+		for _, b := range bs {
+			if b.Status == store.Applied {
+				for _, op := range b.Ops {
+					a.n[op.Key] += op.Delta
+				}
+			}
+		}
+	}
+}
+
+func (a *ackTally) get(key string) int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n[key]
+}
+
+// asyncNodes returns n limiters on the server at addr, each on a store of
+// its own client, configured by cfg, whose applied pushes acked records
+// (when not nil); they are closed at the end of the test.
+func asyncNodes(t *testing.T, n int, addr string, acked *ackTally, cfg func(store.Store) hybridlimit.Config) []*hybridlimit.Limiter {
+	var nodes []*hybridlimit.Limiter
+	for range n {
+		w := &watched{Store: newRedisStore(t, faultClient(t, addr))}
+		if acked != nil {
+			acked.watch(w)
+		}
+		l, err := hybridlimit.New(cfg(w))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		nodes = append(nodes, l)
+	}
+	return nodes
+}
+
+// decideAll runs per goroutines on each node deciding keys in turn until
+// stop closes, with a millisecond's pause every 16 decisions; it counts
+// the admitted ones in admitted, the errors in errs (a goroutine stops at
+// its first), and keeps the slowest decision's nanoseconds in worst (when
+// not nil).
+func decideAll(wg *sync.WaitGroup, nodes []*hybridlimit.Limiter, per int, keys []string, stop <-chan struct{}, admitted *tally, errs, worst *atomic.Int64) {
+	for _, l := range nodes {
+		traffic(wg, per, stop, func(g, i int) bool {
+			k := keys[(g+i)%len(keys)]
+			t0 := time.Now()
+			res, err := l.Allow(context.Background(), k)
+			if worst != nil {
+				d := time.Since(t0).Nanoseconds()
+				for w := worst.Load(); d > w && !worst.CompareAndSwap(w, d); w = worst.Load() {
+				}
+			}
+			if err != nil {
+				errs.Add(1)
+				return false
+			}
+			if res.Allowed {
+				admitted.add(k)
+			}
+			if i%16 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+			return true
+		})
+	}
+}

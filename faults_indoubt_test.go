@@ -1,7 +1,6 @@
 package hybridlimit_test
 
 import (
-	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -27,54 +26,16 @@ func TestFaultStandaloneInDoubtThenRestartEmpty(t *testing.T) {
 	addr := redistest.Addr(t)
 	pfx := redistest.Prefix(t)
 	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
-	var restarting atomic.Int64 // Unix ns when the kill began
-	var mu sync.Mutex
-	ackedOld := map[string]int64{} // increments the killed server acknowledged
-	var nodes []*hybridlimit.Limiter
-	for range 3 {
-		w := &watched{Store: newRedisStore(t, faultClient(t, addr))}
-		w.onPush = func(_, end time.Time, bs []*store.Batch) {
-			if r := restarting.Load(); r != 0 && end.UnixNano() >= r {
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, b := range bs {
-				if b.Status == store.Applied {
-					for _, op := range b.Ops {
-						ackedOld[op.Key] += op.Delta
-					}
-				}
-			}
-		}
-		l, err := hybridlimit.New(faultConfig(hybridlimit.ModeAsync, w, pfx, "", 0))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = l.Close(context.Background()) })
-		nodes = append(nodes, l)
-	}
+	var acked ackTally // increments the killed server acknowledged
+	nodes := asyncNodes(t, 3, addr, &acked, func(st store.Store) hybridlimit.Config {
+		return faultConfig(hybridlimit.ModeAsync, st, pfx, "", 0)
+	})
 	admitted := newTally(keys)
 	var errs atomic.Int64
-	ctx := context.Background()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	start := time.Now()
-	for _, l := range nodes {
-		traffic(&wg, 2, stop, func(g, i int) bool {
-			k := keys[(g+i)%len(keys)]
-			res, err := l.Allow(ctx, k)
-			if err != nil {
-				errs.Add(1)
-				return false
-			}
-			if res.Allowed {
-				admitted.add(k)
-			}
-			if i%16 == 0 {
-				time.Sleep(time.Millisecond)
-			}
-			return true
-		})
-	}
+	decideAll(&wg, nodes, 2, keys, stop, admitted, &errs, nil)
 	time.Sleep(500 * time.Millisecond)
 	srv := redistest.ServerAt(t, addr)
 	srv.Stop()
@@ -93,7 +54,7 @@ func TestFaultStandaloneInDoubtThenRestartEmpty(t *testing.T) {
 	for i, l := range nodes {
 		doubts[i] = l.Stats().InDoubt
 	}
-	restarting.Store(time.Now().UnixNano())
+	acked.cut.Store(time.Now().UnixNano())
 	srv.Kill() // SIGKILL ends a stopped process too
 	srv.Restart()
 	time.Sleep(time.Second)
@@ -113,8 +74,8 @@ func TestFaultStandaloneInDoubtThenRestartEmpty(t *testing.T) {
 	var sum, lost int64
 	for _, k := range keys {
 		s := stored(t, c, pfx, k, ids)
-		assert.Equal(t, admitted.get(k)-ackedOld[k], s, "key %q: admitted %d, acknowledged by the killed server %d", k, admitted.get(k), ackedOld[k])
-		sum, lost = sum+s, lost+ackedOld[k]
+		assert.Equal(t, admitted.get(k)-acked.get(k), s, "key %q: admitted %d, acknowledged by the killed server %d", k, admitted.get(k), acked.get(k))
+		sum, lost = sum+s, lost+acked.get(k)
 	}
 	t.Logf("batches in doubt at the kill, per node: %v; admitted %d; the restarted server holds %d; lost with the killed server %d",
 		doubts, admitted.sum(keys), sum, lost)
@@ -131,40 +92,15 @@ func TestFaultStandaloneHangAsyncAppliedOnce(t *testing.T) {
 	addr := redistest.Addr(t)
 	pfx := redistest.Prefix(t)
 	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
-	var nodes []*hybridlimit.Limiter
-	for range 3 {
-		l, err := hybridlimit.New(faultConfig(hybridlimit.ModeAsync, newRedisStore(t, faultClient(t, addr)), pfx, "", 0))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = l.Close(context.Background()) })
-		nodes = append(nodes, l)
-	}
+	nodes := asyncNodes(t, 3, addr, nil, func(st store.Store) hybridlimit.Config {
+		return faultConfig(hybridlimit.ModeAsync, st, pfx, "", 0)
+	})
 	admitted := newTally(keys)
 	var errs, worst atomic.Int64
-	ctx := context.Background()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	start := time.Now()
-	for _, l := range nodes {
-		traffic(&wg, 2, stop, func(g, i int) bool {
-			k := keys[(g+i)%len(keys)]
-			t0 := time.Now()
-			res, err := l.Allow(ctx, k)
-			d := time.Since(t0).Nanoseconds()
-			for w := worst.Load(); d > w && !worst.CompareAndSwap(w, d); w = worst.Load() {
-			}
-			if err != nil {
-				errs.Add(1)
-				return false
-			}
-			if res.Allowed {
-				admitted.add(k)
-			}
-			if i%16 == 0 {
-				time.Sleep(time.Millisecond)
-			}
-			return true
-		})
-	}
+	decideAll(&wg, nodes, 2, keys, stop, admitted, &errs, &worst)
 	time.Sleep(500 * time.Millisecond)
 	srv := redistest.ServerAt(t, addr)
 	srv.Stop()

@@ -28,69 +28,30 @@ func TestFaultStandaloneKillRestartEmpty(t *testing.T) {
 	addr := redistest.Addr(t)
 	pfx := redistest.Prefix(t)
 	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
-	var restarting atomic.Int64 // Unix ns when the restart began
-	var mu sync.Mutex
-	ackedOld := map[string]int64{} // increments the killed server acknowledged
-	var nodes []*hybridlimit.Limiter
-	for range 3 {
-		w := &watched{Store: newRedisStore(t, faultClient(t, addr))}
-		w.onPush = func(_, end time.Time, bs []*store.Batch) {
-			if r := restarting.Load(); r != 0 && end.UnixNano() >= r {
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, b := range bs {
-				if b.Status == store.Applied {
-					for _, op := range b.Ops {
-						ackedOld[op.Key] += op.Delta
-					}
-				}
-			}
-		}
-		l, err := hybridlimit.New(hybridlimit.Config{Mode: hybridlimit.ModeAsync, Store: w, SyncRate: 20 * time.Millisecond,
-			StoreTimeout: faultTimeout, Prefix: pfx, Rules: []hybridlimit.Rule{{Limit: 1 << 40, Window: time.Hour}}})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = l.Close(context.Background()) })
-		nodes = append(nodes, l)
-	}
+	var acked ackTally // increments the killed server acknowledged
+	nodes := asyncNodes(t, 3, addr, &acked, func(st store.Store) hybridlimit.Config {
+		return hybridlimit.Config{Mode: hybridlimit.ModeAsync, Store: st, SyncRate: 20 * time.Millisecond,
+			StoreTimeout: faultTimeout, Prefix: pfx, Rules: []hybridlimit.Rule{{Limit: 1 << 40, Window: time.Hour}}}
+	})
 	admitted := newTally(keys)
-	var total, errs atomic.Int64
-	ctx := context.Background()
+	var errs atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	start := time.Now()
-	for _, l := range nodes {
-		traffic(&wg, 4, stop, func(g, i int) bool {
-			k := keys[(g+i)%len(keys)]
-			res, err := l.Allow(ctx, k)
-			if err != nil {
-				errs.Add(1)
-				return false
-			}
-			if res.Allowed {
-				admitted.add(k)
-				total.Add(1)
-			}
-			if i%16 == 0 {
-				time.Sleep(time.Millisecond)
-			}
-			return true
-		})
-	}
+	decideAll(&wg, nodes, 4, keys, stop, admitted, &errs, nil)
 	time.Sleep(time.Second)
 	srv := redistest.ServerAt(t, addr)
 	srv.Kill()
-	atKill := total.Load()
+	atKill := admitted.sum(keys)
 	time.Sleep(time.Second)
-	duringOutage := total.Load() - atKill
+	duringOutage := admitted.sum(keys) - atKill
 	failing := 0
 	for _, l := range nodes {
 		if st := l.Stats(); st.StoreFailing && st.Pending > 0 {
 			failing++
 		}
 	}
-	restarting.Store(time.Now().UnixNano())
+	acked.cut.Store(time.Now().UnixNano())
 	srv.Restart()
 	time.Sleep(time.Second)
 	close(stop)
@@ -109,10 +70,10 @@ func TestFaultStandaloneKillRestartEmpty(t *testing.T) {
 	var sum, lost int64
 	for _, k := range keys {
 		s := stored(t, c, pfx, k, ids)
-		assert.Equal(t, admitted.get(k)-ackedOld[k], s, "key %q: admitted %d, acknowledged by the killed server %d", k, admitted.get(k), ackedOld[k])
-		sum, lost = sum+s, lost+ackedOld[k]
+		assert.Equal(t, admitted.get(k)-acked.get(k), s, "key %q: admitted %d, acknowledged by the killed server %d", k, admitted.get(k), acked.get(k))
+		sum, lost = sum+s, lost+acked.get(k)
 	}
-	all := total.Load()
+	all := admitted.sum(keys)
 	assert.GreaterOrEqual(t, sum, all-atKill, "the store lacks increments admitted after the kill")
 	assert.LessOrEqual(t, sum, all)
 	t.Logf("admitted %d (%d before the kill, %d while the server was dead); the restarted server holds %d; lost with the killed server %d",
