@@ -212,23 +212,7 @@ func sentinelFailover(t *testing.T, waitReplicas int) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	start := time.Now()
-	for _, l := range asyncNodes {
-		traffic(&wg, 4, stop, func(g, i int) bool {
-			k := asyncKeys[(g+i)%len(asyncKeys)]
-			res, err := l.Allow(ctx, k)
-			if err != nil {
-				errs.Add(1)
-				return false
-			}
-			if res.Allowed {
-				admittedA.add(k)
-			}
-			if i%16 == 0 {
-				time.Sleep(time.Millisecond)
-			}
-			return true
-		})
-	}
+	decideAll(&wg, asyncNodes, 4, asyncKeys, stop, admittedA, &errs, nil)
 	for _, l := range syncNodes {
 		traffic(&wg, 8, stop, func(g, i int) bool {
 			k := syncKeys[(g+i)%len(syncKeys)]
