@@ -66,3 +66,23 @@ func TestRedisForeignMarkers(t *testing.T) {
 		})
 	}
 }
+
+// A take marker holds the call's sequence number as the client sent it,
+// whatever its size below 2^53: a Lua number formatted back would read
+// 1e+15, which the next call could not parse, and a retry of the call
+// would be decided again.
+func TestRedisTakeMarkerHoldsLargeSeqs(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := context.Background()
+	s, err := NewRedis(c, RedisOptions{BreakerMin: -1})
+	require.NoError(t, err)
+	pfx := redistest.Prefix(t)
+	s.seq.Store(1e15 - 1)
+	rule := local.NewRule(local.Spec{Kind: local.Fixed, Limit: 10, Window: time.Minute})
+	r := &TakeRequest{Prefix: pfx, Key: "t", Rules: []local.Rule{rule}, Now: time.Now().UnixMicro(), Cost: 1, Deadline: time.Now().Add(time.Minute).UnixMicro()}
+	require.NoError(t, s.Take(ctx, []*TakeRequest{r}))
+	require.Equal(t, Applied, r.Status, "%v", r.Err)
+	m, err := c.Get(ctx, markerKey(pfx, 't', s.slotOf(0), s.node+".0")).Result()
+	require.NoError(t, err)
+	assert.Equal(t, "1000000000000000:1", m)
+}

@@ -203,12 +203,17 @@ local function num(key)
   return got[key]
 end
 local out = {status}
-local bits = {}
+local bits = {} -- the outcomes as digits, for the marker
+local digit = {[0] = '0', [1] = '1', [2] = '2'} -- not formatted from numbers
 local added = {} -- the counts a request added, to take back
 local k = 2
 for q = 0, nreq - 1 do
-  local cost, flags, now = tonumber(ARGV[rb + 3 * q]), tonumber(ARGV[rb + 3 * q + 1]), tonumber(ARGV[rb + 3 * q + 2])
-  local peek, penalty = flags % 2 == 1, math.floor(flags / 2) % 2 == 1
+  -- The cost goes to INCRBY as the string it came as, and the flags (0
+  -- to 3) are compared as strings: a Lua number formatted back into a
+  -- string, or a string parsed, costs more than the INCRBY.
+  local cs, fs = ARGV[rb + 3 * q], ARGV[rb + 3 * q + 1]
+  local cost, now = tonumber(cs), tonumber(ARGV[rb + 3 * q + 2])
+  local peek, penalty = fs == '1' or fs == '3', fs == '2' or fs == '3'
   local ok = 1
   local vals = {}
   local kk = k
@@ -277,7 +282,7 @@ for q = 0, nreq - 1 do
       if kd <= 2 then
         local key, sp = KEYS[kk], 1
         if kd == 2 then key, sp = KEYS[kk + span[i] - 1], span[i] end
-        local v = redis.pcall('INCRBY', key, cost)
+        local v = redis.pcall('INCRBY', key, cs)
         if type(v) ~= 'number' then
           for j = 1, na do got[added[j]] = redis.call('INCRBY', added[j], -cost) end
           ok = 2
@@ -332,13 +337,13 @@ for q = 0, nreq - 1 do
       kk = kk + nkeys[i]
     end
   end
-  bits[#bits + 1] = ok
+  bits[#bits + 1] = digit[ok]
   out[#out + 1] = ok
   for i = 1, nrules do
     for _, x in ipairs(vals[i]) do out[#out + 1] = x end
   end
   k = kk
 end
-if not done then redis.call('SET', KEYS[1], seq .. ':' .. table.concat(bits), 'PX', ARGV[2]) end
+if not done then redis.call('SET', KEYS[1], ARGV[1] .. ':' .. table.concat(bits), 'PX', ARGV[2]) end
 return out
 `)
