@@ -194,7 +194,8 @@ func TestPushKeysAreCounterKeys(t *testing.T) {
 }
 
 // TestPushOrder: the push script gets the ops on a count first, in the
-// batch's order, then the arrival times, each with its rate last.
+// batch's order, then the arrival times, each with its rate last, and the
+// largest delta of a count.
 func TestPushOrder(t *testing.T) {
 	count := func(d int64) Op { return Op{Counter: Counter{Key: "c", Window: 1000}, Delta: d} }
 	rate := func(d, r int64) Op { return Op{Counter: Counter{Key: "r", Rate: r, Burst: 1}, Delta: d} }
@@ -204,11 +205,11 @@ func TestPushOrder(t *testing.T) {
 		counts int
 		argv   []any
 	}{
-		{nil, nil, 0, []any{uint64(9), int64(5), 0}},
-		{[]Op{count(1), count(2)}, nil, 2, []any{uint64(9), int64(5), 2, int64(1), int64(2)}},
+		{nil, nil, 0, []any{uint64(9), int64(5), 0, int64(0)}},
+		{[]Op{count(1), count(-4), count(2)}, nil, 3, []any{uint64(9), int64(5), 3, int64(2), int64(1), int64(-4), int64(2)}},
 		{[]Op{rate(3, 70), count(1), rate(4, 80), count(2)}, []int{1, 3, 0, 2}, 2,
-			[]any{uint64(9), int64(5), 2, int64(1), int64(2), int64(3), int64(4), int64(70), int64(80)}},
-		{[]Op{rate(3, 70)}, []int{0}, 0, []any{uint64(9), int64(5), 0, int64(3), int64(70)}},
+			[]any{uint64(9), int64(5), 2, int64(2), int64(1), int64(2), int64(3), int64(4), int64(70), int64(80)}},
+		{[]Op{rate(3, 70)}, []int{0}, 0, []any{uint64(9), int64(5), 0, int64(0), int64(3), int64(70)}},
 	} {
 		b := &Batch{Seq: 9, Ops: tc.ops}
 		order, counts := pushOrder(b)

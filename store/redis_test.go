@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -114,6 +115,23 @@ func TestRedisScriptsAndExpiry(t *testing.T) {
 	require.NoError(t, err)
 	want := time.Until(time.UnixMilli(store.ExpireAt(w, id, 1)))
 	assert.InDelta(t, float64(want), float64(ttl), float64(2*time.Second), "a counter expires a minute after its window stops counting")
+	// A new counter beside a larger delta, a new counter with a negative
+	// delta (a correction), and counters that held counts before, whose
+	// expiry a push leaves alone.
+	for seq, tc := range []struct{ first, second int64 }{{1, 100}, {-1, 5}, {3, 1}} {
+		k := fmt.Sprint("exp", seq)
+		keyNew := store.CounterKey(pfx, store.Counter{Key: k, Window: w, ID: id})
+		keyOld := store.CounterKey(pfx, store.Counter{Key: k, Window: w, ID: id - 1})
+		require.NoError(t, c.Set(ctx, keyOld, 50, time.Hour).Err())
+		b := batch(s, pfx, "expiry", k, uint64(seq+1), op(w, id, tc.first), op(w, id-1, tc.second))
+		push(t, s, b)
+		ttl, err := c.PTTL(ctx, keyNew).Result()
+		require.NoError(t, err)
+		assert.InDelta(t, float64(want), float64(ttl), float64(2*time.Second), "case %d: the new counter's expiry", seq)
+		ttl, err = c.PTTL(ctx, keyOld).Result()
+		require.NoError(t, err)
+		assert.InDelta(t, float64(time.Hour), float64(ttl), float64(2*time.Second), "case %d: an old counter's expiry is its own", seq)
+	}
 
 	require.NoError(t, c.ScriptFlush(ctx).Err())
 	r := newTake(pfx, "exp", time.Now().UnixMilli(), 1, false, false, wr(10, w))

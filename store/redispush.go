@@ -110,15 +110,18 @@ func pushOrder(b *Batch) (order []int, counts int) {
 // pushScript).
 func pushArgs(b *Batch, order []int, counts int, ttl int64) []any {
 	n := len(b.Ops)
-	argv := make([]any, 3+n+n-counts)
-	argv[0], argv[1], argv[2] = b.Seq, ttl, counts
+	argv := make([]any, 4+n+n-counts)
+	var maxd int64
 	for k := range n {
 		op := &b.Ops[opAt(order, k)]
-		argv[3+k] = op.Delta
+		argv[4+k] = op.Delta
 		if k >= counts {
-			argv[3+n+k-counts] = op.Rate
+			argv[4+n+k-counts] = op.Rate
+		} else {
+			maxd = max(maxd, op.Delta)
 		}
 	}
+	argv[0], argv[1], argv[2], argv[3] = b.Seq, ttl, counts, maxd
 	return argv
 }
 

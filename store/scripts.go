@@ -27,8 +27,9 @@ local function exact(x) return x ~= nil and x % 1 == 0 and x < 9007199254740992 
 //	KEYS: the node's push marker of the group, then one counter per op:
 //	      the ops on a window's count first, then those on an arrival
 //	      time
-//	ARGV: seq, marker TTL (ms), the number of count ops, then per op its
-//	      delta, then per arrival-time op its rate (µs)
+//	ARGV: seq, marker TTL (ms), the number of count ops, the largest
+//	      delta of a count op, then per op its delta, then per
+//	      arrival-time op its rate (µs)
 //	reply: applied before (0 or 1), then per op the counter's value, or
 //	an error for a counter that holds something other than an integer of
 //	magnitude below 2^53 (a foreign value, which the op leaves as it is;
@@ -43,7 +44,7 @@ local function exact(x) return x ~= nil and x % 1 == 0 and x < 9007199254740992 
 // op cost about a tenth of the script's time.
 var pushScript = newScript(prelude + `
 local seq = tonumber(ARGV[1])
-local counts = tonumber(ARGV[3])
+local counts, maxd = tonumber(ARGV[3]), tonumber(ARGV[4])
 local m = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local dup = m >= seq
 local out = {dup and 1 or 0}
@@ -64,16 +65,20 @@ end
 for i = 2, counts + 1 do
   -- The delta goes to INCRBY as the string it came as: a Lua number would
   -- be formatted back into one, which costs more than the INCRBY.
-  local ds = ARGV[i + 2]
+  local ds = ARGV[i + 3]
   local v
   if dup or ds == '0' then
     v = read(KEYS[i])
   else
     v = pcall('INCRBY', KEYS[i], ds)
-    if type(v) == 'number' and not exact(v) then
+    if type(v) ~= 'number' then
+      -- an error reply: a foreign value, left as it is
+    elseif not exact(v) then
       call('DECRBY', KEYS[i], ds) -- a foreign count: leave it as it was
       v = {err = 'counter holds an integer out of range'}
-    elseif v == tonumber(ds) then
+    elseif v <= maxd and v == tonumber(ds) then
+      -- A new counter (one above maxd held counts before: no need to
+      -- parse the delta).
       local w, span, id = string.match(KEYS[i], ':(%d+)x?(%d*):(%-?%d+)$')
       local sp = tonumber(span) or 1
       call('PEXPIREAT', KEYS[i], (tonumber(id) + 1 + sp) * tonumber(w) + 60000)
@@ -81,9 +86,9 @@ for i = 2, counts + 1 do
   end
   out[i] = v
 end
-local rates = #KEYS + 1 - counts
+local rates = #KEYS + 2 - counts
 for i = counts + 2, #KEYS do
-  local ds = ARGV[i + 2]
+  local ds = ARGV[i + 3]
   local v
   if dup or ds == '0' then
     v = read(KEYS[i])
@@ -103,7 +108,7 @@ for i = counts + 2, #KEYS do
   end
   out[i] = v
 end
-if not dup then redis.call('SET', KEYS[1], seq, 'PX', ARGV[2]) end
+if not dup then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
 return out
 `)
 
