@@ -154,7 +154,23 @@ func honorsDeadlines(c redis.UniversalClient) bool {
 // until the client gives up: the caller must not read what f writes, nor
 // reuse what f reads, once bounded returned an error.
 func (s *Redis) bounded(ctx context.Context, f func()) error {
-	if s.deadlines || ctx.Done() == nil {
+	return s.boundedBy(ctx, s.deadlines, f)
+}
+
+// boundedCancel is bounded for the policy and tag calls, which also end
+// when ctx is canceled before its deadline (a limiter's Close cancels its
+// policy reload): a client that honors deadlines (ContextTimeoutEnabled)
+// still waits for a blocked reply until the deadline or its ReadTimeout
+// when the context is only canceled. These calls are rare: their
+// goroutine costs nothing that counts.
+func (s *Redis) boundedCancel(ctx context.Context, f func()) error {
+	return s.boundedBy(ctx, false, f)
+}
+
+// boundedBy is bounded, running f on the caller's goroutine when inline
+// (the client ends the call at ctx's deadline itself).
+func (s *Redis) boundedBy(ctx context.Context, inline bool, f func()) error {
+	if inline || ctx.Done() == nil {
 		f()
 		return nil
 	}
