@@ -89,7 +89,8 @@ type RedisOptions struct {
 // options out of range. Every call ends at its context's deadline: when c
 // does not end it there (go-redis' ContextTimeoutEnabled unset, its
 // default), the store stops waiting and leaves the call to the client, in
-// doubt.
+// doubt. Every call but Take also ends when its context is canceled
+// before its deadline, whatever the client's options.
 func NewRedis(c redis.UniversalClient, o RedisOptions) (*Redis, error) {
 	if c == nil {
 		return nil, errors.New("store: NewRedis: the client is nil")
@@ -154,7 +155,25 @@ func honorsDeadlines(c redis.UniversalClient) bool {
 // until the client gives up: the caller must not read what f writes, nor
 // reuse what f reads, once bounded returned an error.
 func (s *Redis) bounded(ctx context.Context, f func()) error {
-	if s.deadlines || ctx.Done() == nil {
+	return s.boundedBy(ctx, s.deadlines, f)
+}
+
+// boundedCancel is bounded for the calls that also end when ctx is
+// canceled before its deadline (a limiter's Close cancels the sync loop's
+// push and clock read, and its policy reload): a client that honors
+// deadlines (ContextTimeoutEnabled) still waits for a blocked reply until
+// the deadline or its ReadTimeout when the context is only canceled.
+// These calls are few (one per sync cycle, policy reload or admin call):
+// their goroutine costs nothing that counts. Take, one call per
+// synchronous decision, uses bounded: a decision ends at its deadline.
+func (s *Redis) boundedCancel(ctx context.Context, f func()) error {
+	return s.boundedBy(ctx, false, f)
+}
+
+// boundedBy is bounded, running f on the caller's goroutine when inline
+// (the client ends the call at ctx's deadline itself).
+func (s *Redis) boundedBy(ctx context.Context, inline bool, f func()) error {
+	if inline || ctx.Done() == nil {
 		f()
 		return nil
 	}
@@ -287,7 +306,7 @@ func (s *Redis) Time(ctx context.Context) (time.Time, error) {
 	s.calls.Add(1)
 	var t time.Time
 	var err error
-	if berr := s.bounded(ctx, func() { t, err = s.time(ctx) }); berr != nil {
+	if berr := s.boundedCancel(ctx, func() { t, err = s.time(ctx) }); berr != nil {
 		return time.Time{}, fmt.Errorf("store: redis TIME: %w", berr)
 	}
 	return t, err

@@ -50,7 +50,7 @@ func (s *Redis) lanes(n int, lane func(i int) int, f func(items []int)) {
 // otherwise its hash (EVALSHA), and the calls that the server answers
 // NOSCRIPT go again with the text in a second pipeline.
 func (s *Redis) exec(ctx context.Context, script luaScript, whole bool, items []int, args func(i int) ([]string, []any)) []*redis.Cmd {
-	cmds, _ := execScript(s, ctx, script, whole, items, func(i int) ([]any, int) {
+	cmds, _ := execScript(s, ctx, false, script, whole, items, func(i int) ([]any, int) {
 		return scriptArgs(args(i))
 	}, redis.NewCmd)
 	return cmds
@@ -74,8 +74,16 @@ func scriptArgs(keys []string, argv []any) ([]any, int) {
 // without boxing each value), and args(i) giving item i's arguments as
 // scriptArgs does. It returns false when ctx ended before the server
 // answered (Redis.bounded): every command then carries that error, and the
-// arguments args returned belong to the client until it gives up.
-func execScript[C redis.Cmder](s *Redis, ctx context.Context, script luaScript, whole bool, items []int, args func(i int) ([]any, int), newCmd func(context.Context, ...any) C) ([]C, bool) {
+// arguments args returned belong to the client until it gives up. With
+// inline, a client that ends calls at their deadline runs the pipelines on
+// the caller's goroutine (Redis.bounded), and a ctx canceled before its
+// deadline does not end them; otherwise they end when ctx is canceled too
+// (Redis.boundedCancel).
+func execScript[C redis.Cmder](s *Redis, ctx context.Context, inline bool, script luaScript, whole bool, items []int, args func(i int) ([]any, int), newCmd func(context.Context, ...any) C) ([]C, bool) {
+	run := s.boundedCancel
+	if inline {
+		run = s.bounded
+	}
 	cmds := make([]C, len(items))
 	argv := make([][]any, len(items))
 	nkeys := make([]int, len(items))
@@ -90,7 +98,7 @@ func execScript[C redis.Cmder](s *Redis, ctx context.Context, script luaScript, 
 	}
 	wait := s.wait(ctx, pipe)
 	s.calls.Add(1)
-	if err := s.bounded(ctx, func() { _, _ = pipe.Exec(ctx) }); err != nil {
+	if err := run(ctx, func() { _, _ = pipe.Exec(ctx) }); err != nil {
 		return abandoned(ctx, cmds, err, newCmd), false
 	}
 	waited(s.o.WaitReplicas, wait, cmds)
@@ -109,7 +117,7 @@ func execScript[C redis.Cmder](s *Redis, ctx context.Context, script luaScript, 
 		}
 		wait := s.wait(ctx, pipe)
 		s.calls.Add(1)
-		if err := s.bounded(ctx, func() { _, _ = pipe.Exec(ctx) }); err != nil {
+		if err := run(ctx, func() { _, _ = pipe.Exec(ctx) }); err != nil {
 			for j, k := range retry {
 				cmds[k] = abandoned(ctx, again[j:j+1], err, newCmd)[0]
 			}

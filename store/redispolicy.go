@@ -98,7 +98,7 @@ func (s *Redis) PutPolicy(ctx context.Context, prefix string, p Policy, now int6
 	}
 	s.calls.Add(1)
 	var err error
-	if berr := s.bounded(ctx, func() {
+	if berr := s.boundedCancel(ctx, func() {
 		err = putPolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(p.Kind, p.Key), policyValue(&p), now).Err()
 	}); berr != nil {
 		return fmt.Errorf("store: redis: put %v of key %q: %w", p.Kind, p.Key, berr)
@@ -114,7 +114,7 @@ func (s *Redis) DeletePolicy(ctx context.Context, prefix string, kind PolicyKind
 	s.calls.Add(1)
 	var n int64
 	var err error
-	if berr := s.bounded(ctx, func() {
+	if berr := s.boundedCancel(ctx, func() {
 		n, err = deletePolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(kind, key)).Int64()
 	}); berr != nil {
 		return false, fmt.Errorf("store: redis: delete %v of key %q: %w", kind, key, berr)
@@ -133,7 +133,7 @@ func (s *Redis) Escalate(ctx context.Context, prefix, key, reason string, now in
 	s.calls.Add(1)
 	var v []any
 	var err error
-	if berr := s.bounded(ctx, func() {
+	if berr := s.boundedCancel(ctx, func() {
 		v, err = escalateScript.Run(ctx, s.c, policyKeys(prefix), key, reason, now,
 			base.Milliseconds(), max.Milliseconds(), forget.Milliseconds()).Slice()
 	}); berr != nil {
@@ -156,7 +156,7 @@ func (s *Redis) PolicyVersion(ctx context.Context, prefix string) (uint64, error
 	s.calls.Add(1)
 	var v string
 	var err error
-	if berr := s.bounded(ctx, func() { v, err = s.c.Get(ctx, policyKeys(prefix)[1]).Result() }); berr != nil {
+	if berr := s.boundedCancel(ctx, func() { v, err = s.c.Get(ctx, policyKeys(prefix)[1]).Result() }); berr != nil {
 		return 0, fmt.Errorf("store: redis: policy version: %w", berr)
 	}
 	if err == redis.Nil {
@@ -177,7 +177,7 @@ func (s *Redis) Policies(ctx context.Context, prefix string) (uint64, []Policy, 
 	s.calls.Add(1)
 	var v []any
 	var err error
-	if berr := s.bounded(ctx, func() { v, err = policiesScript.Run(ctx, s.c, policyKeys(prefix)).Slice() }); berr != nil {
+	if berr := s.boundedCancel(ctx, func() { v, err = policiesScript.Run(ctx, s.c, policyKeys(prefix)).Slice() }); berr != nil {
 		return 0, nil, fmt.Errorf("store: redis: policies: %w", berr)
 	}
 	if err == nil && len(v)%2 != 1 {
@@ -217,7 +217,7 @@ func (s *Redis) AddTags(ctx context.Context, prefix, key string, tags []TagCount
 	}
 	s.calls.Add(1)
 	var err error
-	if berr := s.bounded(ctx, func() { err = addTagsScript.Run(ctx, s.c, []string{TagsKey(prefix, key)}, argv...).Err() }); berr != nil {
+	if berr := s.boundedCancel(ctx, func() { err = addTagsScript.Run(ctx, s.c, []string{TagsKey(prefix, key)}, argv...).Err() }); berr != nil {
 		return fmt.Errorf("store: redis: add tags of key %q: %w", key, berr)
 	}
 	if err != nil {
@@ -231,7 +231,7 @@ func (s *Redis) Tags(ctx context.Context, prefix, key string, n int) ([]TagCount
 	s.calls.Add(1)
 	var zs []redis.Z
 	var err error
-	if berr := s.bounded(ctx, func() { zs, err = s.c.ZRevRangeWithScores(ctx, TagsKey(prefix, key), 0, int64(n)-1).Result() }); berr != nil {
+	if berr := s.boundedCancel(ctx, func() { zs, err = s.c.ZRevRangeWithScores(ctx, TagsKey(prefix, key), 0, int64(n)-1).Result() }); berr != nil {
 		return nil, fmt.Errorf("store: redis: tags of key %q: %w", key, berr)
 	}
 	if err != nil {

@@ -85,7 +85,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			if len(send) == 0 {
 				return
 			}
-			cmds, answered := execScript(s, ctx, takeScript, false, send, func(i int) ([]any, int) {
+			cmds, answered := execScript(s, ctx, true, takeScript, false, send, func(i int) ([]any, int) {
 				c := calls[i]
 				arenas[i] = takeArenas.Get().(*takeArena)
 				return arenas[i].args(c.marker, c.seq, ttl, c.reqs)
