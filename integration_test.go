@@ -256,8 +256,9 @@ func TestRedisLogTrimmedAndExpiring(t *testing.T) {
 	assert.Positive(t, n)
 	ttl, err := c.PTTL(ctx, key).Result()
 	require.NoError(t, err)
-	assert.LessOrEqual(t, ttl, time.Minute)
-	assert.Greater(t, ttl, 55*time.Second)
+	// The longest log window past the newest entry, plus a minute.
+	assert.LessOrEqual(t, ttl, 2*time.Minute)
+	assert.Greater(t, ttl, 115*time.Second)
 }
 
 // exactTimeout is the StoreTimeout of the exactness tests: long enough that

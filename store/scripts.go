@@ -124,8 +124,9 @@ return out
 //	ARGV: seq, marker TTL (ms), deadline, requests, rules, then per rule:
 //	      kind, limit, w (the counter's window; gcra: the interval),
 //	      span (buckets: their number; log: the length kept; gcra: the
-//	      burst), the longest log window (the log's expiry: its newest
-//	      entry no longer counts after it); then per request: cost, flags
+//	      burst), the longest log window (its newest entry no longer
+//	      counts after it; the log expires a minute later); then per
+//	      request: cost, flags
 //	      (1 peek, 2 count denied), now
 //	reply: status (0 decided, 1 decided before, 2 past the deadline,
 //	       3 outcome lost), then per request: allowed (2: not decided, a
@@ -317,7 +318,10 @@ for q = 0, nreq - 1 do
           if head and head > at then at = head end
           for _ = 1, cost do redis.call('LPUSH', key, at) end
           redis.call('LTRIM', key, 0, span[i] - 1)
-          redis.call('PEXPIRE', key, math.floor(longlog[i] / 1000))
+          -- Kept a minute past the instant its newest entry stops
+          -- counting, as counters are: a node's clock ahead of the
+          -- server's, or a slow caller, must not see it vanish early.
+          redis.call('PEXPIRE', key, math.floor((longlog[i] + at - now) / 1000) + 60000)
           logged = true
         end
         vals[i][1] = vals[i][1] + cost
