@@ -40,9 +40,9 @@ func replicaOf(t *testing.T, addr string) bool {
 // Store.Time on a Cluster client answers while a master is dead and not
 // yet replaced: a TIME that go-redis sends to the dead master's node (a
 // keyless command goes to the master of a random slot) fails, and the
-// store then asks the other masters. The test checks that the fault is
-// real (a plain TIME through a go-redis cluster client fails at least
-// once over the same instants) and that the dead master's replica was
+// store therefore asks every master at once. The test checks that the
+// fault is real (a plain TIME through a go-redis cluster client fails at
+// least once over the same instants) and that the dead master's replica was
 // still a replica when the last call returned.
 func TestFaultClusterTimeWithDeadMaster(t *testing.T) {
 	redistest.Destructive(t)
@@ -62,7 +62,7 @@ func TestFaultClusterTimeWithDeadMaster(t *testing.T) {
 
 	redistest.ServerAt(t, victim.Master).Kill()
 	killed := time.Now()
-	const calls = 30 // a keyless command misses the dead master 30 times in a row with probability (2/3)^30
+	const calls = 30 // a plain TIME misses the dead master 30 times in a row with probability (2/3)^30
 	plainFailed := 0
 	for i := range calls {
 		cctx, cancel := context.WithTimeout(ctx, faultTimeout)
@@ -70,6 +70,9 @@ func TestFaultClusterTimeWithDeadMaster(t *testing.T) {
 		cancel()
 		require.NoError(t, err, "call %d, %v after the kill", i, time.Since(killed))
 		assert.WithinDuration(t, time.Now(), tm, 2*time.Second, "call %d: the store's clock", i)
+		if plainFailed > 0 {
+			continue // the fault is shown; a failing plain call costs go-redis' dial retries
+		}
 		cctx, cancel = context.WithTimeout(ctx, faultTimeout)
 		if plain.Time(cctx).Err() != nil {
 			plainFailed++
