@@ -303,7 +303,7 @@ const timeSlotStep = 128
 // go-redis spends its dial retries on it (4 × DialerRetryTimeout, 400 ms
 // by default, for a refused connection) and the call's deadline can pass
 // before another master is asked. The masters are therefore asked at
-// once; the first answer wins and cancels the others.
+// once; the first answer wins.
 func (s *Redis) time(ctx context.Context) (time.Time, error) {
 	if s.cluster == nil {
 		t, err := s.c.Time(ctx).Result()
@@ -325,13 +325,15 @@ func (s *Redis) time(ctx context.Context) (time.Time, error) {
 			masters = append(masters, c)
 		}
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// The calls are not canceled once one answers: a canceled wait for a
+	// connection can fail other callers' commands to a healthy master
+	// (measured: healthy synchronous requests in doubt in
+	// TestFaultClusterMasterKilled). They end with ctx.
 	type answer struct {
 		t   time.Time
 		err error
 	}
-	answers := make(chan answer)
+	answers := make(chan answer, len(masters))
 	all := make(chan struct{})
 	go func() {
 		defer close(all)
@@ -339,10 +341,7 @@ func (s *Redis) time(ctx context.Context) (time.Time, error) {
 		for _, c := range masters {
 			wg.Go(func() {
 				t, err := c.Time(ctx).Result()
-				select {
-				case answers <- answer{t, err}:
-				case <-ctx.Done():
-				}
+				answers <- answer{t, err}
 			})
 		}
 		wg.Wait()
@@ -358,6 +357,13 @@ func (s *Redis) time(ctx context.Context) (time.Time, error) {
 				first = a.err
 			}
 		case <-all:
+			for len(answers) > 0 { // answered before the last one ended
+				if a := <-answers; a.err == nil {
+					return a.t, nil
+				} else if first == nil {
+					first = a.err
+				}
+			}
 			return time.Time{}, fmt.Errorf("store: redis TIME: no master answered: %w", first)
 		case <-ctx.Done():
 			if first == nil {
