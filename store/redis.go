@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -299,9 +300,9 @@ func cmdErr(cmd redis.Cmder) error {
 // slotOf returns the Redis Cluster slot that group g's markers hash to.
 func (s *Redis) slotOf(g int) int { return g }
 
-// Time implements Store. In a Redis Cluster it asks the masters in turn
-// until one answers, so that one dead shard does not make the whole store
-// look down.
+// Time implements Store. In a Redis Cluster it asks every master at once
+// and returns the first answer, so that one dead shard does not make the
+// whole store look down.
 func (s *Redis) Time(ctx context.Context) (time.Time, error) {
 	s.calls.Add(1)
 	var t time.Time
@@ -312,39 +313,82 @@ func (s *Redis) Time(ctx context.Context) (time.Time, error) {
 	return t, err
 }
 
-// time is Time, unbounded.
+// timeSlotStep spaces the slots whose masters Time asks: every master
+// serving a range of at least that many slots is asked.
+const timeSlotStep = 128
+
+// time is Time, unbounded. In a Cluster, a TIME sent through the cluster
+// client goes to the master of a random slot; when that master is dead,
+// go-redis spends its dial retries on it (4 × DialerRetryTimeout, 400 ms
+// by default, for a refused connection) and the call's deadline can pass
+// before another master is asked. The masters are therefore asked at
+// once; the first answer wins.
 func (s *Redis) time(ctx context.Context) (time.Time, error) {
-	t, err := s.c.Time(ctx).Result()
-	if err == nil {
+	if s.cluster == nil {
+		t, err := s.c.Time(ctx).Result()
+		if err != nil {
+			return time.Time{}, fmt.Errorf("store: redis TIME: %w", err)
+		}
 		return t, nil
 	}
-	if s.cluster == nil || ctx.Err() != nil {
-		return time.Time{}, fmt.Errorf("store: redis TIME: %w", err)
+	// The masters come from the client's slot map, without I/O:
+	// ClusterClient.ForEachMaster first reloads the map from the nodes in
+	// turn, which can spend the same dial retries on the dead one.
+	var masters []*redis.Client
+	for g := 0; g < Slots; g += timeSlotStep {
+		c, err := s.cluster.MasterForKey(ctx, "{"+slotTag(g)+"}")
+		if err != nil { // no slot map, and none could be loaded
+			return time.Time{}, fmt.Errorf("store: redis TIME: %w", err)
+		}
+		if !slices.Contains(masters, c) {
+			masters = append(masters, c)
+		}
 	}
-	var mu sync.Mutex
-	first := err
-	var got time.Time
-	errFound := errors.New("found")
-	_ = s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-		mu.Lock()
-		done := !got.IsZero()
-		mu.Unlock()
-		if done {
-			return nil
-		}
-		t, err := c.Time(ctx).Result()
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			return nil
-		}
-		if got.IsZero() {
-			got = t
-		}
-		return errFound
-	})
-	if !got.IsZero() {
-		return got, nil
+	// The calls are not canceled once one answers: a canceled wait for a
+	// connection can fail other callers' commands to a healthy master
+	// (measured: healthy synchronous requests in doubt in
+	// TestFaultClusterMasterKilled). They end with ctx.
+	type answer struct {
+		t   time.Time
+		err error
 	}
-	return time.Time{}, fmt.Errorf("store: redis TIME: no master answered: %w", first)
+	answers := make(chan answer, len(masters))
+	all := make(chan struct{})
+	go func() {
+		defer close(all)
+		var wg sync.WaitGroup
+		for _, c := range masters {
+			wg.Go(func() {
+				t, err := c.Time(ctx).Result()
+				answers <- answer{t, err}
+			})
+		}
+		wg.Wait()
+	}()
+	var first error
+	for {
+		select {
+		case a := <-answers:
+			if a.err == nil {
+				return a.t, nil
+			}
+			if first == nil {
+				first = a.err
+			}
+		case <-all:
+			for len(answers) > 0 { // answered before the last one ended
+				if a := <-answers; a.err == nil {
+					return a.t, nil
+				} else if first == nil {
+					first = a.err
+				}
+			}
+			return time.Time{}, fmt.Errorf("store: redis TIME: no master answered: %w", first)
+		case <-ctx.Done():
+			if first == nil {
+				first = ctx.Err()
+			}
+			return time.Time{}, fmt.Errorf("store: redis TIME: no master answered: %w", first)
+		}
+	}
 }
