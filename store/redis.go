@@ -171,6 +171,18 @@ func (s *Redis) boundedCancel(ctx context.Context, f func()) error {
 	return s.boundedBy(ctx, false, f)
 }
 
+// boundedCall runs f under s.boundedCancel and returns what f returned,
+// or boundedCancel's error when ctx ended first.
+func boundedCall[T any](s *Redis, ctx context.Context, f func() (T, error)) (T, error) {
+	var v T
+	var err error
+	if berr := s.boundedCancel(ctx, func() { v, err = f() }); berr != nil {
+		var zero T
+		return zero, berr
+	}
+	return v, err
+}
+
 // boundedBy is bounded, running f on the caller's goroutine when inline
 // (the client ends the call at ctx's deadline itself).
 func (s *Redis) boundedBy(ctx context.Context, inline bool, f func()) error {
@@ -305,12 +317,11 @@ func (s *Redis) slotOf(g int) int { return g }
 // whole store look down.
 func (s *Redis) Time(ctx context.Context) (time.Time, error) {
 	s.calls.Add(1)
-	var t time.Time
-	var err error
-	if berr := s.boundedCancel(ctx, func() { t, err = s.time(ctx) }); berr != nil {
-		return time.Time{}, fmt.Errorf("store: redis TIME: %w", berr)
+	t, err := boundedCall(s, ctx, func() (time.Time, error) { return s.time(ctx) })
+	if err != nil {
+		return time.Time{}, fmt.Errorf("store: redis TIME: %w", err)
 	}
-	return t, err
+	return t, nil
 }
 
 // timeSlotStep spaces the slots whose masters Time asks: every master
@@ -325,11 +336,7 @@ const timeSlotStep = 128
 // once; the first answer wins.
 func (s *Redis) time(ctx context.Context) (time.Time, error) {
 	if s.cluster == nil {
-		t, err := s.c.Time(ctx).Result()
-		if err != nil {
-			return time.Time{}, fmt.Errorf("store: redis TIME: %w", err)
-		}
-		return t, nil
+		return s.c.Time(ctx).Result()
 	}
 	// The masters come from the client's slot map, without I/O:
 	// ClusterClient.ForEachMaster first reloads the map from the nodes in
@@ -338,7 +345,7 @@ func (s *Redis) time(ctx context.Context) (time.Time, error) {
 	for g := 0; g < Slots; g += timeSlotStep {
 		c, err := s.cluster.MasterForKey(ctx, "{"+slotTag(g)+"}")
 		if err != nil { // no slot map, and none could be loaded
-			return time.Time{}, fmt.Errorf("store: redis TIME: %w", err)
+			return time.Time{}, err
 		}
 		if !slices.Contains(masters, c) {
 			masters = append(masters, c)
@@ -353,20 +360,14 @@ func (s *Redis) time(ctx context.Context) (time.Time, error) {
 		err error
 	}
 	answers := make(chan answer, len(masters))
-	all := make(chan struct{})
-	go func() {
-		defer close(all)
-		var wg sync.WaitGroup
-		for _, c := range masters {
-			wg.Go(func() {
-				t, err := c.Time(ctx).Result()
-				answers <- answer{t, err}
-			})
-		}
-		wg.Wait()
-	}()
+	for _, c := range masters {
+		go func() {
+			t, err := c.Time(ctx).Result()
+			answers <- answer{t, err}
+		}()
+	}
 	var first error
-	for {
+	for range masters {
 		select {
 		case a := <-answers:
 			if a.err == nil {
@@ -375,20 +376,12 @@ func (s *Redis) time(ctx context.Context) (time.Time, error) {
 			if first == nil {
 				first = a.err
 			}
-		case <-all:
-			for len(answers) > 0 { // answered before the last one ended
-				if a := <-answers; a.err == nil {
-					return a.t, nil
-				} else if first == nil {
-					first = a.err
-				}
-			}
-			return time.Time{}, fmt.Errorf("store: redis TIME: no master answered: %w", first)
 		case <-ctx.Done():
 			if first == nil {
 				first = ctx.Err()
 			}
-			return time.Time{}, fmt.Errorf("store: redis TIME: no master answered: %w", first)
+			return time.Time{}, fmt.Errorf("no master answered: %w", first)
 		}
 	}
+	return time.Time{}, fmt.Errorf("no master answered: %w", first)
 }

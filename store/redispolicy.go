@@ -97,12 +97,9 @@ func (s *Redis) PutPolicy(ctx context.Context, prefix string, p Policy, now int6
 		return err
 	}
 	s.calls.Add(1)
-	var err error
-	if berr := s.boundedCancel(ctx, func() {
-		err = putPolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(p.Kind, p.Key), policyValue(&p), now).Err()
-	}); berr != nil {
-		return fmt.Errorf("store: redis: put %v of key %q: %w", p.Kind, p.Key, berr)
-	}
+	_, err := boundedCall(s, ctx, func() (any, error) {
+		return nil, putPolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(p.Kind, p.Key), policyValue(&p), now).Err()
+	})
 	if err != nil {
 		return fmt.Errorf("store: redis: put %v of key %q: %w", p.Kind, p.Key, err)
 	}
@@ -112,13 +109,9 @@ func (s *Redis) PutPolicy(ctx context.Context, prefix string, p Policy, now int6
 // DeletePolicy implements PolicyStore.
 func (s *Redis) DeletePolicy(ctx context.Context, prefix string, kind PolicyKind, key string) (bool, error) {
 	s.calls.Add(1)
-	var n int64
-	var err error
-	if berr := s.boundedCancel(ctx, func() {
-		n, err = deletePolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(kind, key)).Int64()
-	}); berr != nil {
-		return false, fmt.Errorf("store: redis: delete %v of key %q: %w", kind, key, berr)
-	}
+	n, err := boundedCall(s, ctx, func() (int64, error) {
+		return deletePolicyScript.Run(ctx, s.c, policyKeys(prefix), policyField(kind, key)).Int64()
+	})
 	if err != nil {
 		return false, fmt.Errorf("store: redis: delete %v of key %q: %w", kind, key, err)
 	}
@@ -131,14 +124,10 @@ func (s *Redis) Escalate(ctx context.Context, prefix, key, reason string, now in
 		return Policy{}, err
 	}
 	s.calls.Add(1)
-	var v []any
-	var err error
-	if berr := s.boundedCancel(ctx, func() {
-		v, err = escalateScript.Run(ctx, s.c, policyKeys(prefix), key, reason, now,
+	v, err := boundedCall(s, ctx, func() ([]any, error) {
+		return escalateScript.Run(ctx, s.c, policyKeys(prefix), key, reason, now,
 			base.Milliseconds(), max.Milliseconds(), forget.Milliseconds()).Slice()
-	}); berr != nil {
-		return Policy{}, fmt.Errorf("store: redis: block key %q: %w", key, berr)
-	}
+	})
 	if err == nil && len(v) != 3 {
 		err = fmt.Errorf("escalate replied %d values, want 3", len(v))
 	}
@@ -154,11 +143,7 @@ func (s *Redis) Escalate(ctx context.Context, prefix, key, reason string, now in
 // PolicyVersion implements PolicyStore.
 func (s *Redis) PolicyVersion(ctx context.Context, prefix string) (uint64, error) {
 	s.calls.Add(1)
-	var v string
-	var err error
-	if berr := s.boundedCancel(ctx, func() { v, err = s.c.Get(ctx, policyKeys(prefix)[1]).Result() }); berr != nil {
-		return 0, fmt.Errorf("store: redis: policy version: %w", berr)
-	}
+	v, err := boundedCall(s, ctx, func() (string, error) { return s.c.Get(ctx, policyKeys(prefix)[1]).Result() })
 	if err == redis.Nil {
 		return 0, nil
 	}
@@ -175,11 +160,7 @@ func (s *Redis) PolicyVersion(ctx context.Context, prefix string) (uint64, error
 // Policies implements PolicyStore.
 func (s *Redis) Policies(ctx context.Context, prefix string) (uint64, []Policy, error) {
 	s.calls.Add(1)
-	var v []any
-	var err error
-	if berr := s.boundedCancel(ctx, func() { v, err = policiesScript.Run(ctx, s.c, policyKeys(prefix)).Slice() }); berr != nil {
-		return 0, nil, fmt.Errorf("store: redis: policies: %w", berr)
-	}
+	v, err := boundedCall(s, ctx, func() ([]any, error) { return policiesScript.Run(ctx, s.c, policyKeys(prefix)).Slice() })
 	if err == nil && len(v)%2 != 1 {
 		err = fmt.Errorf("policies replied %d values", len(v))
 	}
@@ -216,11 +197,9 @@ func (s *Redis) AddTags(ctx context.Context, prefix, key string, tags []TagCount
 		argv = append(argv, t.Tag, t.Count)
 	}
 	s.calls.Add(1)
-	var err error
-	if berr := s.boundedCancel(ctx, func() { err = addTagsScript.Run(ctx, s.c, []string{TagsKey(prefix, key)}, argv...).Err() }); berr != nil {
-		return fmt.Errorf("store: redis: add tags of key %q: %w", key, berr)
-	}
-	if err != nil {
+	if _, err := boundedCall(s, ctx, func() (any, error) {
+		return nil, addTagsScript.Run(ctx, s.c, []string{TagsKey(prefix, key)}, argv...).Err()
+	}); err != nil {
 		return fmt.Errorf("store: redis: add tags of key %q: %w", key, err)
 	}
 	return nil
@@ -229,11 +208,9 @@ func (s *Redis) AddTags(ctx context.Context, prefix, key string, tags []TagCount
 // Tags implements TagStore.
 func (s *Redis) Tags(ctx context.Context, prefix, key string, n int) ([]TagCount, error) {
 	s.calls.Add(1)
-	var zs []redis.Z
-	var err error
-	if berr := s.boundedCancel(ctx, func() { zs, err = s.c.ZRevRangeWithScores(ctx, TagsKey(prefix, key), 0, int64(n)-1).Result() }); berr != nil {
-		return nil, fmt.Errorf("store: redis: tags of key %q: %w", key, berr)
-	}
+	zs, err := boundedCall(s, ctx, func() ([]redis.Z, error) {
+		return s.c.ZRevRangeWithScores(ctx, TagsKey(prefix, key), 0, int64(n)-1).Result()
+	})
 	if err != nil {
 		return nil, fmt.Errorf("store: redis: tags of key %q: %w", key, err)
 	}
