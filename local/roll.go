@@ -87,19 +87,19 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 		// counted until they are answered (Settle, Release).
 		dropped := t.stash(e, i, old-1, s.prevPending)
 		t.fly(e, i, s.prevInflight)
-		switch {
-		case id == old+1:
+		if id == old+1 {
 			s.prevPending, s.prevInflight = p+s.adj, s.inflight
 			e.prevReads |= (readFirst | readUntil) << i
-		default:
+		} else {
 			dropped += t.stash(e, i, old, p+s.adj)
 			t.fly(e, i, s.inflight)
 			s.prevPending, s.prevInflight = 0, 0
-			e.prevReads &^= (readFirst | readUntil) << i
 			if t.rules[i].weighsPrev() {
 				// This node had nothing in the previous window, but the
 				// other nodes may have: read it.
 				e.prevReads |= (readFirst | readUntil) << i
+			} else {
+				e.prevReads &^= (readFirst | readUntil) << i
 			}
 		}
 		s.inflight, s.adj = 0, 0
