@@ -208,7 +208,10 @@ local function num(key)
   if bad[key] then failed = true end
   return got[key]
 end
-local out = {status}
+-- A request's reply goes straight into out: its outcome at op, then each
+-- rule's values from at[i] on (a table per request and rule costs the
+-- server more than the counting).
+local out, no, at = {status}, 1, {}
 local bits = {} -- the outcomes as digits, for the marker
 local digit = {[0] = '0', [1] = '1', [2] = '2'} -- not formatted from numbers
 local added = {} -- the counts a request added, to take back
@@ -221,11 +224,14 @@ for q = 0, nreq - 1 do
   local cost, now = tonumber(cs), tonumber(ARGV[rb + 3 * q + 2])
   local peek, penalty = fs == '1' or fs == '3', fs == '2' or fs == '3'
   local ok = 1
-  local vals = {}
+  no = no + 1
+  local op = no
+  out[op] = 0
   local kk = k
   failed = false
   for i = 1, nrules do
     local kd, L = kind[i], limit[i]
+    at[i] = no + 1
     if kd == 0 or kd == 1 then
       local c, p = num(KEYS[kk]), 0
       if kd == 0 then p = num(KEYS[kk + 1]) end
@@ -236,15 +242,17 @@ for q = 0, nreq - 1 do
       local est = c
       if p > 0 then est = p * ((w[i] - now % w[i]) * 1000) * (1 / (w[i] * 1000)) + c end
       if est + cost > L + 1e-9 then ok = 0 end
-      if kd == 0 then vals[i] = {c, p} else vals[i] = {c} end
+      out[no + 1] = c
+      if kd == 0 then out[no + 2], no = p, no + 2 else no = no + 1 end
     elseif kd == 2 then
-      local v, sum = {}, 0
+      local sum = 0
       for j = 1, span[i] do
-        v[j] = num(KEYS[kk + j - 1])
-        sum = sum + v[j]
+        local v = num(KEYS[kk + j - 1])
+        out[no + j] = v
+        sum = sum + v
       end
+      no = no + span[i]
       if sum + cost > L then ok = 0 end
-      vals[i] = v
     elseif kd == 3 then
       local key = KEYS[kk]
       local since = now - w[i]
@@ -265,11 +273,11 @@ for q = 0, nreq - 1 do
         local x = tonumber(redis.call('LINDEX', key, 0))
         if x then reset = x + w[i] - now else failed = true end
       end
-      vals[i] = {lo, expire, reset}
+      out[no + 1], out[no + 2], out[no + 3], no = lo, expire, reset, no + 3
     else
       local tat = num(KEYS[kk])
       if math.max(tat, now) + cost * w[i] - now > span[i] * w[i] then ok = 0 end
-      vals[i] = {tat - now}
+      out[no + 1], no = tat - now, no + 1
     end
     kk = kk + nkeys[i]
   end
@@ -301,7 +309,7 @@ for q = 0, nreq - 1 do
           local wms = w[i] / 1000
           redis.call('PEXPIREAT', key, (math.floor(now / w[i]) + 1 + sp) * wms + 60000)
         end
-        if kd == 2 then vals[i][sp] = v else vals[i][1] = v end
+        out[at[i] + sp - 1] = v
       end
       kk = kk + nkeys[i]
     end
@@ -324,33 +332,31 @@ for q = 0, nreq - 1 do
           redis.call('PEXPIRE', key, math.floor((longlog[i] + at - now) / 1000) + 60000)
           logged = true
         end
-        vals[i][1] = vals[i][1] + cost
-        vals[i][3] = w[i]
+        local a = at[i]
+        out[a] = out[a] + cost
+        out[a + 2] = w[i]
         if ok == 0 then
           -- A denied request charged by CountDenied waits for its own
           -- entries to leave too: until the (limit - cost + 1)-th newest
           -- has left the window.
           local e = 0
-          if vals[i][1] + cost > limit[i] then
+          if out[a] + cost > limit[i] then
             local x = tonumber(redis.call('LINDEX', KEYS[kk], limit[i] - cost))
             if x then e = x + w[i] - now end
           end
-          vals[i][2] = e
+          out[a + 1] = e
         end
       else
         local tat = math.min(math.max(num(KEYS[kk]), now) + cost * w[i], now + maxahead)
         redis.call('SET', KEYS[kk], tat, 'PX', math.floor((tat - now) / 1000) + 60000)
         got[KEYS[kk]] = tat
-        vals[i][1] = tat - now
+        out[at[i]] = tat - now
       end
       kk = kk + nkeys[i]
     end
   end
-  bits[#bits + 1] = digit[ok]
-  out[#out + 1] = ok
-  for i = 1, nrules do
-    for _, x in ipairs(vals[i]) do out[#out + 1] = x end
-  end
+  bits[q + 1] = digit[ok]
+  out[op] = ok
   k = kk
 end
 if not done then redis.call('SET', KEYS[1], ARGV[1] .. ':' .. table.concat(bits), 'PX', ARGV[2]) end
