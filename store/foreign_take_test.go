@@ -26,12 +26,13 @@ func TestRedisTakeForeignCounter(t *testing.T) {
 	now := time.Now().UnixMilli()
 	id := now / w
 	rules := map[string][]local.Rule{
-		"sliding": {wr(10, w)},
-		"fixed":   {fr(10, w)},
-		"two":     {wr(10, w), fr(10, 2*w)},
-		"buckets": {local.NewRule(local.Spec{Kind: local.Buckets, Limit: 10, Window: 3 * w * time.Millisecond, Buckets: 3})},
-		"log":     {local.NewRule(local.Spec{Kind: local.Log, Limit: 10, Window: w * time.Millisecond})},
-		"gcra":    {local.NewRule(local.Spec{Kind: local.GCRA, Limit: 10, Window: w * time.Millisecond, Burst: 10})},
+		"sliding":  {wr(10, w)},
+		"previous": {wr(10, w)}, // the previous window's counter is foreign
+		"fixed":    {fr(10, w)},
+		"two":      {wr(10, w), fr(10, 2*w)},
+		"buckets":  {local.NewRule(local.Spec{Kind: local.Buckets, Limit: 10, Window: 3 * w * time.Millisecond, Buckets: 3})},
+		"log":      {local.NewRule(local.Spec{Kind: local.Log, Limit: 10, Window: w * time.Millisecond})},
+		"gcra":     {local.NewRule(local.Spec{Kind: local.GCRA, Limit: 10, Window: w * time.Millisecond, Burst: 10})},
 	}
 	for name, rs := range rules {
 		for _, kind := range []string{"hash", "list", "text", "float", "max"} {
@@ -49,6 +50,9 @@ func TestRedisTakeForeignCounter(t *testing.T) {
 					default:
 						wl, _ := last.Counter()
 						badKey = store.CounterKey(pfx, store.CounterOf(last, "bad", now/wl.Milliseconds()))
+						if name == "previous" {
+							badKey = store.CounterKey(pfx, store.CounterOf(last, "bad", now/wl.Milliseconds()-1))
+						}
 					}
 					if kind == "list" && last.Kind() == local.Log {
 						foreign(t, c, badKey, "hash")
@@ -78,9 +82,10 @@ func TestRedisTakeForeignCounter(t *testing.T) {
 							assert.True(t, r.Allowed, "round %d, %s", round, r.Key)
 						}
 						typed := (kind == "hash" || kind == "list") && last.Kind() != local.Log
-						if typed && (peek || last.Kind() == local.GCRA) {
+						if typed && (peek || last.Kind() == local.GCRA || name == "previous") {
 							// A hash or a list reads as absent (MGET); an
-							// arrival time is replaced (SET).
+							// arrival time is replaced (SET); a previous
+							// window is only read.
 							require.Equal(t, store.Applied, bad.Status, "round %d: %v", round, bad.Err)
 							continue
 						}

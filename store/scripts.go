@@ -170,7 +170,7 @@ end
 -- Every counter of the call (not the logs) is read by MGET at once, a
 -- command per 256 keys rather than per key, into got, which the call's
 -- writes keep current.
-local got, bad = {}, {}
+local got = {}
 local function fetch(list, from, to)
   for a = from, to, 256 do
     local b = math.min(a + 255, to)
@@ -179,8 +179,8 @@ local function fetch(list, from, to)
       local s, x = v[j], 0
       if s then
         x = tonumber(s)
-        if not exact(x) then
-          bad[list[a + j - 1]], x = true, 0
+        if not (x and x % 1 == 0 and x < 9007199254740992 and x > -9007199254740992) then
+          x = false -- read as 0, and fails the requests that read it
         end
       end
       got[list[a + j - 1]] = x
@@ -204,10 +204,6 @@ else
   fetch(list, 1, #list)
 end
 local failed
-local function num(key)
-  if bad[key] then failed = true end
-  return got[key]
-end
 -- A request's reply goes straight into out: its outcome at op, then each
 -- rule's values from at[i] on (a table per request and rule costs the
 -- server more than the counting).
@@ -233,8 +229,9 @@ for q = 0, nreq - 1 do
     local kd, L = kind[i], limit[i]
     at[i] = no + 1
     if kd == 0 or kd == 1 then
-      local c, p = num(KEYS[kk]), 0
-      if kd == 0 then p = num(KEYS[kk + 1]) end
+      local c, p = got[KEYS[kk]], 0
+      if kd == 0 then p = got[KEYS[kk + 1]] end
+      if not (c and p) then failed, c, p = true, c or 0, p or 0 end
       -- The estimate as local.Rule.Admits computes it, operation for
       -- operation in doubles (in ns: the window, the time left in it, the
       -- inverse of the window), so that both decide alike to the last bit
@@ -247,7 +244,8 @@ for q = 0, nreq - 1 do
     elseif kd == 2 then
       local sum = 0
       for j = 1, span[i] do
-        local v = num(KEYS[kk + j - 1])
+        local v = got[KEYS[kk + j - 1]]
+        if not v then failed, v = true, 0 end
         out[no + j] = v
         sum = sum + v
       end
@@ -275,7 +273,8 @@ for q = 0, nreq - 1 do
       end
       out[no + 1], out[no + 2], out[no + 3], no = lo, expire, reset, no + 3
     else
-      local tat = num(KEYS[kk])
+      local tat = got[KEYS[kk]]
+      if not tat then failed, tat = true, 0 end
       if math.max(tat, now) + cost * w[i] - now > span[i] * w[i] then ok = 0 end
       out[no + 1], no = tat - now, no + 1
     end
@@ -347,7 +346,7 @@ for q = 0, nreq - 1 do
           out[a + 1] = e
         end
       else
-        local tat = math.min(math.max(num(KEYS[kk]), now) + cost * w[i], now + maxahead)
+        local tat = math.min(math.max(got[KEYS[kk]], now) + cost * w[i], now + maxahead)
         redis.call('SET', KEYS[kk], tat, 'PX', math.floor((tat - now) / 1000) + 60000)
         got[KEYS[kk]] = tat
         out[at[i]] = tat - now
