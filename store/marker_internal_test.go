@@ -86,3 +86,56 @@ func TestRedisTakeMarkerHoldsLargeSeqs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "1000000000000000:1", m)
 }
+
+// A push marker lasts markerTTL after the last batch the store applied
+// for its node and group: a batch sent again within it is recognized,
+// and once the marker is gone (as its expiry removes it) the same batch
+// is applied again (docs/failures.md, "How long the guarantee lasts").
+func TestRedisMarkerLastsTenMinutesAfterTheLastBatch(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := context.Background()
+	s, err := NewRedis(c, RedisOptions{BreakerMin: -1})
+	require.NoError(t, err)
+	pfx := redistest.Prefix(t)
+	const w = 60_000
+	id := time.Now().UnixMilli() / w
+	g := s.Group("k")
+	mk := markerKey(pfx, 'm', s.slotOf(g), "n")
+	ck := CounterKey(pfx, Counter{Key: "k", Window: w, ID: id})
+	push := func(seq uint64) *Batch {
+		t.Helper()
+		b := &Batch{Prefix: pfx, Node: "n", Group: g, Seq: seq, Ops: []Op{{Counter: Counter{Key: "k", Window: w, ID: id}, Delta: 1}}}
+		require.NoError(t, s.Push(ctx, []*Batch{b}))
+		require.Equal(t, Applied, b.Status, "%v", b.Err)
+		return b
+	}
+	ttl := func() time.Duration {
+		t.Helper()
+		d, err := c.PTTL(ctx, mk).Result()
+		require.NoError(t, err)
+		return d
+	}
+	total := func() int64 {
+		t.Helper()
+		v, err := c.Get(ctx, ck).Int64()
+		require.NoError(t, err)
+		return v
+	}
+
+	push(1)
+	assert.InDelta(t, float64(markerTTL), float64(ttl()), float64(5*time.Second), "the marker lasts %v", markerTTL)
+	assert.Equal(t, []int64{1}, push(1).Totals, "a batch sent again within the marker's life is not applied again")
+	assert.Equal(t, int64(1), total())
+
+	// A later batch renews the marker's life.
+	require.NoError(t, c.PExpire(ctx, mk, time.Second).Err())
+	push(2)
+	assert.InDelta(t, float64(markerTTL), float64(ttl()), float64(5*time.Second))
+	assert.Equal(t, int64(2), total())
+
+	// Once the marker is gone, the batch is applied again: the guarantee
+	// ends with the marker.
+	require.NoError(t, c.Del(ctx, mk).Err())
+	push(2)
+	assert.Equal(t, int64(3), total())
+}
