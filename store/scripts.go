@@ -73,7 +73,8 @@ for i = 2, counts + 1 do
     v = pcall('INCRBY', KEYS[i], ds)
     if type(v) ~= 'number' then
       -- an error reply: a foreign value, left as it is
-    elseif not exact(v) then
+    elseif v >= 9007199254740992 or v <= -9007199254740992 then
+      -- (an integer reply: exact but for its magnitude)
       call('DECRBY', KEYS[i], ds) -- a foreign count: leave it as it was
       v = {err = 'counter holds an integer out of range'}
     elseif v <= maxd and v == tonumber(ds) then
