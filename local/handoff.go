@@ -206,13 +206,21 @@ func (t *Table) Close() { t.closed.Store(true) }
 // then FlushDone. A decision that committed after Close learns at
 // FlushDone whether a take moved its increment (it was pushed: admitted)
 // or not (taken back: Closed), so the flush and the decisions agree
-// whichever take comes last.
+// whichever take comes last. It sends no reads (pushes of zero): a closing
+// table has no use for the store's totals.
 func (t *Table) TakeFinal(e *Entry, now int64, dst []Push) []Push {
 	t.mu(e).Lock()
 	defer t.mu(e).Unlock()
+	from := len(dst)
 	dst, _ = t.takeLocked(e, now, dst)
 	e.set(flagSealed, true)
-	return dst
+	kept := dst[:from]
+	for _, p := range dst[from:] {
+		if p.Delta != 0 {
+			kept = append(kept, p)
+		}
+	}
+	return kept
 }
 
 // Entries appends every entry of the table to dst.
