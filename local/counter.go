@@ -204,6 +204,12 @@ type entryExt struct {
 	// stale holds, per rule, increments of a window older than the
 	// previous one still to push (see Table.stash); guarded by mu.
 	stale []staleCount
+	// oldReads tells, in a table that syncs, which Buckets rules' next
+	// take reads the store's totals of the closed buckets of the window
+	// before the previous one (Table.takeOld): bit i for rule i, set when
+	// the counter takes up the key (a new entry, or a rollover past the
+	// next bucket). Guarded by mu.
+	oldReads uint32
 	// share points to the first of the share policy's states, one per
 	// rule in one array, once a sync has shown another node's increments
 	// (see Table.shareOf); set under mu, read by decisions.

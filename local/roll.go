@@ -96,8 +96,12 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 			s.prevPending, s.prevInflight = 0, 0
 			if t.rules[i].weighsPrev() {
 				// This node had nothing in the previous window, but the
-				// other nodes may have: read it.
+				// other nodes may have: read it, and for a Buckets rule
+				// the older buckets of its window too.
 				e.prevReads |= (readFirst | readUntil) << i
+				if buckets {
+					t.xOf(e).Load().oldReads |= 1 << i
+				}
 			} else {
 				e.prevReads &^= (readFirst | readUntil) << i
 			}
