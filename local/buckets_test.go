@@ -170,3 +170,30 @@ func TestBucketsReadTheOlderBucketsWhenTakingUpAKey(t *testing.T) {
 	assert.True(t, allow(t, tb, "k", 93, 22*w), "the window holds 7")
 	assert.False(t, allow(t, tb, "k", 1, 22*w))
 }
+
+// After a rollover past the next bucket, the first take reads the bucket
+// the counter left and the later ones, not the older ones it read after
+// they closed; a second rollover before that take makes it read them all.
+func TestBucketsReadOnlyTheBucketsMissedWhenBack(t *testing.T) {
+	tb := NewTable(Options{Rules: []Rule{NewRule(Spec{Kind: Buckets, Limit: 100, Window: time.Duration(8 * w), Buckets: 8})}, MaxKeys: 10, Syncing: true, ReadPrev: w / 5})
+	olds := func(pushes []Push) (ids []int64) {
+		for _, p := range pushes {
+			if p.kind == pushOld {
+				ids = append(ids, p.Win)
+			}
+		}
+		return ids
+	}
+	require.True(t, allow(t, tb, "k", 1, 10*w))
+	e := entry(t, tb, "k")
+	assert.Equal(t, []int64{3, 4, 5, 6, 7, 8}, olds(takeSettle(tb, e, 10*w, 0)), "a new entry reads every older bucket")
+	require.True(t, allow(t, tb, "k", 1, 11*w))
+	assert.Empty(t, olds(takeSettle(tb, e, 11*w, 0)), "the next bucket: the previous one only")
+	require.True(t, allow(t, tb, "k", 1, 14*w))
+	assert.Equal(t, []int64{11, 12}, olds(takeSettle(tb, e, 14*w, 0)), "back after 12 and 13: 11, last read while current, and 12")
+	require.True(t, allow(t, tb, "k", 1, 17*w))
+	require.True(t, allow(t, tb, "k", 1, 18*w)) // no take in between
+	assert.Equal(t, []int64{11, 12, 13, 14, 15, 16}, olds(takeSettle(tb, e, 18*w, 0)), "rolled over again before the reads: all")
+	require.True(t, allow(t, tb, "k", 1, 19*w))
+	assert.Empty(t, olds(takeSettle(tb, e, 19*w, 0)))
+}

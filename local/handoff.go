@@ -78,24 +78,41 @@ func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 	return dst, again
 }
 
-// takeOld appends to dst, when the counter of Buckets rule i of e has just
-// taken up the key (Entry's oldReads), a read of every closed bucket of
+// takeOld appends to dst, when the counter of Buckets rule i of e has
+// just taken up the key (Entry's oldReads), reads of the closed buckets of
 // window win older than the previous one (whose read is pushPrev): what
-// the other nodes counted there while this node did not read the key. Only
-// the first take after the counter took up the key reads them; in steady
-// state a bucket is read while it is the previous one. Call with e's mutex
-// held.
+// the other nodes counted there while this node did not read the key. A
+// new entry reads them all. After a rollover past the next bucket, it
+// reads the bucket it left (which it last read while it was current) and
+// the later ones, and any it holds nothing of: the older ones it read
+// after they closed, as the previous bucket. Only the first take after the
+// counter took up the key reads them; in steady state a bucket is read
+// while it is the previous one. Call with e's mutex held.
 func (t *Table) takeOld(e *Entry, i int, win int64, dst []Push) []Push {
 	if t.rules[i].kind != Buckets {
 		return dst
 	}
 	x := t.ext(e)
-	if x == nil || x.oldReads&(1<<i) == 0 {
+	if x == nil || x.oldReads&((oldAll|oldSkip)<<i) == 0 {
 		return dst
 	}
-	x.oldReads &^= 1 << i
-	for id := win - t.rules[i].span + 1; id < win-1; id++ {
-		dst = append(dst, Push{Rule: i, Win: id, kind: pushOld})
+	r := &t.rules[i]
+	h := x.hist[t.histOff[i] : t.histOff[i]+int(r.span)]
+	from := win - r.span + 1
+	if x.oldReads&(oldAll<<i) == 0 {
+		// The newest bucket this node holds: the one it left.
+		for id := win - 2; id >= from; id-- {
+			if h[r.bucketSlot(id)].id.Load() == id {
+				from = id
+				break
+			}
+		}
+	}
+	x.oldReads &^= (oldAll | oldSkip) << i
+	for id := win - r.span + 1; id < win-1; id++ {
+		if id >= from || h[r.bucketSlot(id)].id.Load() != id {
+			dst = append(dst, Push{Rule: i, Win: id, kind: pushOld})
+		}
 	}
 	return dst
 }
@@ -222,7 +239,7 @@ func (t *Table) Release(e *Entry, pushes []Push) {
 		win := c.win.Load()
 		switch {
 		case p.kind == pushOld:
-			t.ext(e).oldReads |= 1 << p.Rule // the read failed: the next take reads again
+			t.ext(e).oldReads |= oldAll << p.Rule // the read failed: the next take reads again
 		case p.kind == pushCur && win == p.Win:
 			s.inflight -= p.Delta
 			s.adj += p.Delta

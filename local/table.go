@@ -477,7 +477,7 @@ func (t *Table) scratch(key string, now int64) *Entry {
 				// every closed bucket of its window.
 				e.prevReads |= (readFirst | readUntil) << i
 				if t.rules[i].kind == Buckets {
-					t.xOf(e).Load().oldReads |= 1 << i
+					t.xOf(e).Load().oldReads |= oldAll << i
 				}
 			}
 		}
