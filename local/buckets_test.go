@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -120,4 +121,79 @@ func TestBucketsAroundTheEpoch(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A Buckets counter that takes up a key (a new entry, or a rollover past
+// the next bucket) reads, at its first take, every closed bucket of its
+// window older than the previous one, after its stale increments; later
+// takes and rollovers into the next bucket read only the previous bucket;
+// a read the store did not answer is sent again.
+func TestBucketsReadTheOlderBucketsWhenTakingUpAKey(t *testing.T) {
+	tb := NewTable(Options{Rules: []Rule{NewRule(Spec{Kind: Buckets, Limit: 100, Window: time.Duration(4 * w), Buckets: 4})}, MaxKeys: 10, Syncing: true, ReadPrev: w / 5})
+	require.True(t, allow(t, tb, "k", 1, 10*w))
+	e := entry(t, tb, "k")
+	pushes, _ := tb.Take(e, 10*w, nil)
+	require.Equal(t, []Push{{Win: 10, Delta: 1, kind: pushCur}, {Win: 9, kind: pushPrev}, {Win: 7, kind: pushOld}, {Win: 8, kind: pushOld}}, pushes)
+	tb.Release(e, pushes)
+	pushes, _ = tb.Take(e, 10*w+w/2, nil)
+	require.Equal(t, []Push{{Win: 10, Delta: 1, kind: pushCur}, {Win: 9, kind: pushPrev}, {Win: 7, kind: pushOld}, {Win: 8, kind: pushOld}}, pushes, "the reads are sent again")
+	tb.Settle(e, 10*w+w/2, pushes, []int64{1, 0, 30, 40})
+	assert.True(t, allow(t, tb, "k", 29, 10*w+w/2), "the window holds 71")
+	assert.False(t, allow(t, tb, "k", 1, 10*w+w/2), "the window holds 100")
+	pushes, _ = tb.Take(e, 10*w+3*w/5, nil)
+	assert.Equal(t, []Push{{Win: 10, Delta: 29, kind: pushCur}}, pushes, "read once")
+	tb.Settle(e, 10*w+3*w/5, pushes, []int64{30})
+	require.True(t, allow(t, tb, "k", 0, 11*w)) // rolls over into the next bucket
+	pushes, _ = tb.Take(e, 11*w, nil)
+	assert.Equal(t, []Push{{Win: 11, kind: pushCur}, {Win: 10, kind: pushPrev}}, pushes, "the previous bucket only")
+	tb.Settle(e, 11*w, pushes, []int64{0, 30})
+	// Back after skipping buckets 12 and 13, with 5 of bucket 11 not
+	// pushed: they go first, as stale, then bucket 11 is read with them and
+	// bucket 12 (13 is the previous one).
+	require.True(t, allow(t, tb, "k", 5, 11*w+w/2))
+	require.True(t, allow(t, tb, "k", 0, 14*w))
+	pushes, _ = tb.Take(e, 14*w, nil)
+	require.Equal(t, []Push{{Win: 14, kind: pushCur}, {Win: 13, kind: pushPrev}, {Win: 11, Delta: 5, kind: pushStale}, {Win: 11, kind: pushOld}, {Win: 12, kind: pushOld}}, pushes)
+	tb.Settle(e, 14*w, pushes, []int64{0, 20, 10, 10, 50})
+	assert.True(t, allow(t, tb, "k", 20, 14*w), "the window holds 80")
+	assert.False(t, allow(t, tb, "k", 1, 14*w), "the window holds 100")
+	// A bucket the store holds less of than this node counted there (its
+	// increments in a batch not answered yet) keeps this node's count.
+	require.True(t, allow(t, tb, "k", 0, 20*w))
+	require.True(t, allow(t, tb, "k", 7, 20*w+w/2))
+	pushes, _ = tb.Take(e, 20*w+w/2, nil) // no answer
+	require.Equal(t, Push{Win: 20, Delta: 7, kind: pushCur}, pushes[0])
+	require.True(t, allow(t, tb, "k", 0, 22*w)) // skips bucket 21
+	pushes, _ = tb.Take(e, 22*w, nil)
+	require.Equal(t, []Push{{Win: 22, kind: pushCur}, {Win: 21, kind: pushPrev}, {Win: 19, kind: pushOld}, {Win: 20, kind: pushOld}}, pushes)
+	tb.Settle(e, 22*w, pushes, []int64{0, 0, 0, 3})
+	assert.True(t, allow(t, tb, "k", 93, 22*w), "the window holds 7")
+	assert.False(t, allow(t, tb, "k", 1, 22*w))
+}
+
+// After a rollover past the next bucket, the first take reads the bucket
+// the counter left and the later ones, not the older ones it read after
+// they closed; a second rollover before that take makes it read them all.
+func TestBucketsReadOnlyTheBucketsMissedWhenBack(t *testing.T) {
+	tb := NewTable(Options{Rules: []Rule{NewRule(Spec{Kind: Buckets, Limit: 100, Window: time.Duration(8 * w), Buckets: 8})}, MaxKeys: 10, Syncing: true, ReadPrev: w / 5})
+	olds := func(pushes []Push) (ids []int64) {
+		for _, p := range pushes {
+			if p.kind == pushOld {
+				ids = append(ids, p.Win)
+			}
+		}
+		return ids
+	}
+	require.True(t, allow(t, tb, "k", 1, 10*w))
+	e := entry(t, tb, "k")
+	assert.Equal(t, []int64{3, 4, 5, 6, 7, 8}, olds(takeSettle(tb, e, 10*w, 0)), "a new entry reads every older bucket")
+	require.True(t, allow(t, tb, "k", 1, 11*w))
+	assert.Empty(t, olds(takeSettle(tb, e, 11*w, 0)), "the next bucket: the previous one only")
+	require.True(t, allow(t, tb, "k", 1, 14*w))
+	assert.Equal(t, []int64{11, 12}, olds(takeSettle(tb, e, 14*w, 0)), "back after 12 and 13: 11, last read while current, and 12")
+	require.True(t, allow(t, tb, "k", 1, 17*w))
+	require.True(t, allow(t, tb, "k", 1, 18*w)) // no take in between
+	assert.Equal(t, []int64{11, 12, 13, 14, 15, 16}, olds(takeSettle(tb, e, 18*w, 0)), "rolled over again before the reads: all")
+	require.True(t, allow(t, tb, "k", 1, 19*w))
+	assert.Empty(t, olds(takeSettle(tb, e, 19*w, 0)))
 }

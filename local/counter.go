@@ -190,6 +190,12 @@ const (
 	readUntil = 1 << 16
 )
 
+// The oldReads bits of rule i.
+const (
+	oldAll  = 1
+	oldSkip = 1 << 16
+)
+
 // prevReads holds two bits per rule.
 var _ [16 - MaxRules]struct{}
 
@@ -204,6 +210,13 @@ type entryExt struct {
 	// stale holds, per rule, increments of a window older than the
 	// previous one still to push (see Table.stash); guarded by mu.
 	stale []staleCount
+	// oldReads tells, in a table that syncs, which Buckets rules' next
+	// take reads the store's totals of closed buckets of the window older
+	// than the previous one (Table.takeOld): bit i (oldAll) for rule i,
+	// all of them (a new entry); bit 16+i (oldSkip), those this node has
+	// not read since they closed (a rollover past the next bucket).
+	// Guarded by mu.
+	oldReads uint32
 	// share points to the first of the share policy's states, one per
 	// rule in one array, once a sync has shown another node's increments
 	// (see Table.shareOf); set under mu, read by decisions.

@@ -23,6 +23,7 @@ const (
 	pushCur   pushKind = iota // the counter's current window when taken
 	pushPrev                  // the window before it
 	pushStale                 // an older window: increments only, never read back
+	pushOld                   // a Buckets rule's closed bucket older than the previous one: a read
 )
 
 // Reads reports whether the store's total after the push matters to the
@@ -72,8 +73,68 @@ func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 			st.flying += st.n
 			st.n = 0
 		}
+		dst = t.takeOld(e, i, win, dst)
 	}
 	return dst, again
+}
+
+// takeOld appends to dst, when the counter of Buckets rule i of e has
+// just taken up the key (Entry's oldReads), reads of the closed buckets of
+// window win older than the previous one (whose read is pushPrev): what
+// the other nodes counted there while this node did not read the key. A
+// new entry reads them all. After a rollover past the next bucket, it
+// reads the bucket it left (which it last read while it was current) and
+// the later ones, and any it holds nothing of: the older ones it read
+// after they closed, as the previous bucket. Only the first take after the
+// counter took up the key reads them; in steady state a bucket is read
+// while it is the previous one. Call with e's mutex held.
+func (t *Table) takeOld(e *Entry, i int, win int64, dst []Push) []Push {
+	if t.rules[i].kind != Buckets {
+		return dst
+	}
+	x := t.ext(e)
+	if x == nil || x.oldReads&((oldAll|oldSkip)<<i) == 0 {
+		return dst
+	}
+	r := &t.rules[i]
+	h := x.hist[t.histOff[i] : t.histOff[i]+int(r.span)]
+	from := win - r.span + 1
+	if x.oldReads&(oldAll<<i) == 0 {
+		// The newest bucket this node holds: the one it left.
+		for id := win - 2; id >= from; id-- {
+			if h[r.bucketSlot(id)].id.Load() == id {
+				from = id
+				break
+			}
+		}
+	}
+	x.oldReads &^= (oldAll | oldSkip) << i
+	for id := win - r.span + 1; id < win-1; id++ {
+		if id >= from || h[r.bucketSlot(id)].id.Load() != id {
+			dst = append(dst, Push{Rule: i, Win: id, kind: pushOld})
+		}
+	}
+	return dst
+}
+
+// settleOld writes the store's total n of closed bucket id of rule i into
+// e's history, if the bucket is still in the counter's window. This
+// node's own increments of the bucket that the store has not applied yet
+// (stale ones still to push, or in a batch not answered) are in the
+// bucket's history, not in n: the larger of the two, a count that neither
+// side exceeds, is kept. Call with e's mutex held.
+func (t *Table) settleOld(e *Entry, i int, id, n int64) {
+	if !t.inWindow(e, i, id) {
+		return
+	}
+	if st := t.stale(e, i); st != nil && st.win == id {
+		n += st.n
+	}
+	s := &t.xOf(e).Load().hist[t.histOff[i]+t.rules[i].bucketSlot(id)]
+	if s.id.Load() == id && s.n.Load() > n {
+		return
+	}
+	t.histSet(e, i, id, n)
 }
 
 // readsPrev reports whether a take of rule i of e at now reads the
@@ -111,6 +172,8 @@ func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 			s.inflight -= p.Delta
 			c.prev.Store(storedTat(totals[k]))
 			c.base.Store(s.inflight + s.adj)
+		case p.kind == pushOld:
+			t.settleOld(e, p.Rule, p.Win, totals[k])
 		case p.kind == pushCur && win == p.Win:
 			s.inflight -= p.Delta
 			c.base.Store(totals[k] + s.inflight + s.adj)
@@ -175,6 +238,8 @@ func (t *Table) Release(e *Entry, pushes []Push) {
 		c, s := e.ctr(p.Rule), t.sync(e, p.Rule)
 		win := c.win.Load()
 		switch {
+		case p.kind == pushOld:
+			t.ext(e).oldReads |= oldAll << p.Rule // the read failed: the next take reads again
 		case p.kind == pushCur && win == p.Win:
 			s.inflight -= p.Delta
 			s.adj += p.Delta

@@ -75,9 +75,15 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 	}
 	buckets := t.rules[i].kind == Buckets
 	if buckets {
-		s := &t.xOf(e).Load().hist[t.histOff[i]+t.rules[i].bucketSlot(old)]
+		x := t.xOf(e).Load()
+		s := &x.hist[t.histOff[i]+t.rules[i].bucketSlot(old)]
 		s.id.Store(old)
 		s.n.Store(total)
+		if x.oldReads&((oldAll|oldSkip)<<i) != 0 {
+			// The reads of the older buckets are still to come: which
+			// buckets this node read is no longer told by what it holds.
+			x.oldReads |= oldAll << i
+		}
 	}
 	if t.syncing {
 		s := t.sync(e, i)
@@ -96,8 +102,12 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 			s.prevPending, s.prevInflight = 0, 0
 			if t.rules[i].weighsPrev() {
 				// This node had nothing in the previous window, but the
-				// other nodes may have: read it.
+				// other nodes may have: read it, and for a Buckets rule
+				// the older buckets of its window too.
 				e.prevReads |= (readFirst | readUntil) << i
+				if buckets {
+					t.xOf(e).Load().oldReads |= oldSkip << i
+				}
 			} else {
 				e.prevReads &^= (readFirst | readUntil) << i
 			}

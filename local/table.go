@@ -473,8 +473,12 @@ func (t *Table) scratch(key string, now int64) *Entry {
 			e.ctr(i).win.Store(id)
 			if t.syncing && t.rules[i].weighsPrev() {
 				// The first take reads the previous window's total: the
-				// other nodes may have counted in it.
+				// other nodes may have counted in it; for a Buckets rule,
+				// every closed bucket of its window.
 				e.prevReads |= (readFirst | readUntil) << i
+				if t.rules[i].kind == Buckets {
+					t.xOf(e).Load().oldReads |= oldAll << i
+				}
 			}
 		}
 	}
