@@ -8,7 +8,9 @@
 # them; the instructions per operation are (I2 − I1) / (N2 − N1), so that
 # the benchmark's setup and its one-iteration probe cancel out. Each count
 # is the least of R runs (default 2). PER divides it again (the keys of one
-# sync cycle, for example).
+# sync cycle, for example). A run of the sync cycle that crosses the
+# benchmark's one-minute window also creates counters and counts a few per
+# cent more: compare small changes with R=4.
 #
 #   bash scripts/server-instructions.sh                      # one sync cycle of 10k keys, per key
 #   BIN=/tmp/old.test bash scripts/server-instructions.sh    # a bench test binary built elsewhere
