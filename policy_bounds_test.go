@@ -223,3 +223,32 @@ func TestPolicyInputErrors(t *testing.T) {
 	assert.True(t, ok)
 	assert.Equal(t, tierCfg.Rules, rules)
 }
+
+// A ban's For and Max are kept to the millisecond by the store, as a
+// rule's Window: a length between milliseconds would make the block end
+// before For has passed, so New refuses it with an error naming the field.
+func TestBanLengthsWholeMilliseconds(t *testing.T) {
+	for _, c := range []struct {
+		ban  BanPolicy
+		want string
+	}{
+		{BanPolicy{Denials: 1, For: time.Second + 500*time.Microsecond}, "Config.Ban.For is 1.0005s, want a whole number of milliseconds"},
+		{BanPolicy{Denials: 1, For: time.Second, Max: time.Hour + 1}, "Config.Ban.Max is 1h0m0.000000001s, want a whole number of milliseconds"},
+	} {
+		cfg := tierCfg
+		cfg.Ban = c.ban
+		_, err := New(cfg)
+		assert.ErrorContains(t, err, c.want, "%+v", c.ban)
+	}
+	// Whole milliseconds are kept exactly: the block holds For, and the
+	// next one twice For.
+	ctx := context.Background()
+	l, mock := newTiered(t, BanPolicy{Denials: 1, For: 1001 * time.Millisecond, Max: time.Hour})
+	start := at(10, 0, 0)
+	mock.Set(start)
+	admitted(t, l, "k", 4)
+	res, err := l.Peek(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Blocked)
+	assert.Equal(t, 1001*time.Millisecond, res.RetryAfter)
+}
