@@ -60,8 +60,9 @@ func seconds(d time.Duration) int64 {
 
 // states appends the state of every rule of res's tier for key to dst:
 // from the limiter with several rules (the decision's tier, wherever the
-// key is now), from res with one, and from res too when the limiter can no
-// longer say (it was closed since the decision): never none.
+// key is now; nothing remaining for a blocked key), from res with one, and
+// from res too when the limiter can no longer say (it was closed since the
+// decision): never none.
 func (i *Interceptor) states(ctx context.Context, key string, res *hybridlimit.Result, dst []hybridlimit.RuleState) []hybridlimit.RuleState {
 	own := hybridlimit.RuleState{Rule: res.Rule, Limit: res.Limit, Window: res.Window, Remaining: res.Remaining, ResetAfter: res.ResetAfter}
 	if !i.tierOf(res).multi {
@@ -71,6 +72,12 @@ func (i *Interceptor) states(ctx context.Context, key string, res *hybridlimit.R
 	states, err := i.l.TierState(ctx, key, res.Tier, dst)
 	if err != nil {
 		return append(dst, own)
+	}
+	if res.Blocked {
+		// A blocked key admits nothing, whatever its rules hold.
+		for j := len(dst); j < len(states); j++ {
+			states[j].Remaining = 0
+		}
 	}
 	return states
 }

@@ -374,3 +374,20 @@ func TestTag(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []hybridlimit.Contributor{{Tag: "bo", Cost: 2}, {Tag: "ann", Cost: 1}}, got)
 }
+
+// A blocked key admits nothing, whatever its rules hold: with several
+// rules too, every rule's r is 0 in the ratelimit field, as
+// ratelimit-remaining says, and every t is capped at retry-after.
+func TestBlockedMetadataSeveralRules(t *testing.T) {
+	l, _ := newLimiter(t, hybridlimit.Rule{Limit: 100, Window: time.Minute}, hybridlimit.Rule{Limit: 1000, Window: time.Hour})
+	cc, _ := serve(t, newInterceptor(t, l, peerIP(t), grpclimit.Options{}))
+	r := say(t, cc)
+	require.NoError(t, r.err)
+	assert.Equal(t, `"1m";r=99;t=120, "1h";r=999;t=7200`, fields(r.header)["ratelimit"])
+	require.NoError(t, l.Block(context.Background(), "127.0.0.1", 90*time.Second, "r"))
+	r = say(t, cc)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(r.err))
+	assert.Equal(t, "90", fields(r.trailer)["retry-after"])
+	assert.Equal(t, "0", fields(r.trailer)["ratelimit-remaining"])
+	assert.Equal(t, `"1m";r=0;t=90, "1h";r=0;t=90`, fields(r.trailer)["ratelimit"])
+}

@@ -62,3 +62,19 @@ func TestBlockedHeaders(t *testing.T) {
 		assert.Equal(t, `"366d";r=0;t=`+c.retry, w.Header().Get("RateLimit"), "%s at %v", c.key, c.at)
 	}
 }
+
+// A blocked key admits nothing, whatever its rules hold: with several
+// rules too, every rule's r is 0 in the RateLimit field, as
+// RateLimit-Remaining says, and every t is capped at Retry-After.
+func TestBlockedHeadersSeveralRules(t *testing.T) {
+	l, _ := newLocal(t, hybridlimit.Rule{Limit: 100, Window: time.Minute}, hybridlimit.Rule{Limit: 1000, Window: time.Hour})
+	h := mustNew(t, l, httplimit.Header("X-Key"), httplimit.Options{}).Wrap(ok)
+	w := do(h, "192.0.2.1:1", "X-Key", "k")
+	assert.Equal(t, `"1m";r=99;t=120, "1h";r=999;t=7200`, w.Header().Get("RateLimit"))
+	require.NoError(t, l.Block(context.Background(), "k", 90*time.Second, "r"))
+	w = do(h, "192.0.2.1:1", "X-Key", "k")
+	assert.Equal(t, 429, w.Code)
+	assert.Equal(t, "90", w.Header().Get("Retry-After"))
+	assert.Equal(t, "0", w.Header().Get("RateLimit-Remaining"))
+	assert.Equal(t, `"1m";r=0;t=90, "1h";r=0;t=90`, w.Header().Get("RateLimit"))
+}

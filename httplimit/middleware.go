@@ -296,6 +296,12 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 		} else {
 			states = append(states, hybridlimit.RuleState{Rule: 0, Remaining: res.Remaining, ResetAfter: res.ResetAfter})
 		}
+		if res.Blocked {
+			// A blocked key admits nothing, whatever its rules hold.
+			for i := range states {
+				states[i].Remaining = 0
+			}
+		}
 		b = t.policy.AppendRateLimit(b, states, retry)
 		ends[k] = len(b)
 		k++
