@@ -200,14 +200,18 @@ func (i *Interceptor) quotaFailure(ctx context.Context, key string, n int64, res
 
 // DefaultErrorHandler is the ErrorHandler used when Options.ErrorHandler is
 // nil. It fails the call with codes.Unavailable for a closed limiter,
-// codes.Canceled or codes.DeadlineExceeded for a done call context, and
-// codes.InvalidArgument otherwise (a key error, an empty or oversized key,
-// a cost out of range), with err's text as the message.
+// codes.Canceled or codes.DeadlineExceeded for a done call context,
+// codes.Internal when Config.TierOf named a tier the limiter does not have
+// (hybridlimit.ErrUnknownTier: the server's configuration is at fault),
+// and codes.InvalidArgument otherwise (a key error, an empty or oversized
+// key, a cost out of range), with err's text as the message.
 func DefaultErrorHandler(ctx context.Context, method string, err error) error {
 	code := codes.InvalidArgument
 	switch {
 	case errors.Is(err, hybridlimit.ErrClosed):
 		code = codes.Unavailable
+	case errors.Is(err, hybridlimit.ErrUnknownTier):
+		code = codes.Internal
 	case errors.Is(err, context.Canceled):
 		code = codes.Canceled
 	case errors.Is(err, context.DeadlineExceeded):

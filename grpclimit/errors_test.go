@@ -3,6 +3,7 @@ package grpclimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -102,6 +103,9 @@ func TestDefaultErrorHandler(t *testing.T) {
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{&grpclimit.KeyError{Err: grpclimit.ErrNoKey}, codes.InvalidArgument},
 		{hybridlimit.ErrCost, codes.InvalidArgument},
+		// Config.TierOf named no tier: the server's configuration, not
+		// the call, is at fault.
+		{fmt.Errorf("wrapped: %w", hybridlimit.ErrUnknownTier), codes.Internal},
 	} {
 		assert.Equal(t, c.want, status.Code(grpclimit.DefaultErrorHandler(context.Background(), "/m", c.err)), "%v", c.err)
 	}

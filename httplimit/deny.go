@@ -94,12 +94,18 @@ func (m *Middleware) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 // DefaultErrorHandler is the ErrorHandler used when Options.ErrorHandler is
 // nil: 503 Service Unavailable for a closed limiter or a done request
-// context, 400 Bad Request otherwise (a key error, an empty or oversized
-// key, a cost out of range), with a problem+json body naming the error.
+// context, 500 Internal Server Error when Config.TierOf named a tier the
+// limiter does not have (hybridlimit.ErrUnknownTier: the server's
+// configuration is at fault), 400 Bad Request otherwise (a key error, an
+// empty or oversized key, a cost out of range), with a problem+json body
+// naming the error.
 func DefaultErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	status := http.StatusBadRequest
-	if errors.Is(err, hybridlimit.ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	switch {
+	case errors.Is(err, hybridlimit.ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		status = http.StatusServiceUnavailable
+	case errors.Is(err, hybridlimit.ErrUnknownTier):
+		status = http.StatusInternalServerError
 	}
 	b := make([]byte, 0, 256)
 	b = append(b, `{"title":`...)
