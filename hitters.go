@@ -177,11 +177,13 @@ func (l *Limiter) noteTag(key, tag string, n int64, tierName string) {
 }
 
 // sweepSketches forgets the sketches of keys not seen for two of their
-// longest windows, whose contributors are gone from the store too.
+// longest windows, whose contributors are gone from the store too (once
+// flushed there; in ModeLocal, without a store, at once).
 func (l *Limiter) sweepSketches(now int64) {
+	local := l.hit.st == nil
 	l.hit.m.Range(func(k string, s *sketch) bool {
 		s.mu.Lock()
-		old := now-s.last > int64(2*s.longest) && !s.dirty
+		old := now-s.last > int64(2*s.longest) && (!s.dirty || local)
 		s.mu.Unlock()
 		if old {
 			l.hit.m.Delete(k)
