@@ -60,26 +60,44 @@ func seconds(d time.Duration) int64 {
 
 // states appends the state of every rule of res's tier for key to dst:
 // from the limiter with several rules (the decision's tier, wherever the
-// key is now; nothing remaining for a blocked key), from res with one, and
-// from res too when the limiter can no longer say (it was closed since the
-// decision): never none.
+// key is now), from res with one, and from res too when the limiter can no
+// longer say (it was closed since the decision): never none. A key that is
+// blocked or that the FailurePolicy denied admits nothing until the retry,
+// whatever its rules hold.
 func (i *Interceptor) states(ctx context.Context, key string, res *hybridlimit.Result, dst []hybridlimit.RuleState) []hybridlimit.RuleState {
 	own := hybridlimit.RuleState{Rule: res.Rule, Limit: res.Limit, Window: res.Window, Remaining: res.Remaining, ResetAfter: res.ResetAfter}
+	if i.stopped(res) {
+		own.Remaining, own.ResetAfter = 0, res.RetryAfter
+	}
 	if !i.tierOf(res).multi {
 		own.Rule = 0
 		return append(dst, own)
 	}
 	states, err := i.l.TierState(ctx, key, res.Tier, dst)
 	if err != nil {
-		return append(dst, own)
+		states = append(dst, own)
 	}
-	if res.Blocked {
-		// A blocked key admits nothing, whatever its rules hold.
+	if i.stopped(res) {
+		// Nothing is admitted before the retry, whatever the rules hold.
 		for j := len(dst); j < len(states); j++ {
-			states[j].Remaining = 0
+			states[j].Remaining, states[j].ResetAfter = 0, res.RetryAfter
 		}
 	}
 	return states
+}
+
+// failedClosed reports whether res is a denial by the limiter's
+// FailurePolicy (FailClosed while the store fails, or a full key table),
+// not by a rule. (Under FailOpen a Degraded denial is a rule's, on this
+// node's counts.)
+func (i *Interceptor) failedClosed(res *hybridlimit.Result) bool {
+	return !res.Allowed && res.Degraded && i.l.FailurePolicy() == hybridlimit.FailClosed
+}
+
+// stopped reports whether res denies the key whatever its rules hold: it
+// is blocked, or the FailurePolicy denied it.
+func (i *Interceptor) stopped(res *hybridlimit.Result) bool {
+	return !res.Allowed && res.Blocked || i.failedClosed(res)
 }
 
 // metadata returns the rate-limit metadata of a decision, with retry-after
@@ -108,6 +126,9 @@ func (i *Interceptor) metadata(ctx context.Context, key string, res *hybridlimit
 	}
 	if legacy {
 		reset := seconds(res.ResetAfter)
+		if i.stopped(res) {
+			reset = d.maxT
+		}
 		if d.maxT > 0 {
 			reset = min(reset, d.maxT)
 		}
@@ -150,7 +171,7 @@ func (i *Interceptor) status(ctx context.Context, key string, n int64, res *hybr
 	case res.Blocked:
 		code = i.opts.BlockedCode
 		msg = fmt.Sprintf("grpclimit: this client is blocked; retry after %v", d.delay)
-	case res.Degraded:
+	case i.failedClosed(res):
 		msg = fmt.Sprintf("grpclimit: rate limiter degraded (store failing or key table full) and failing closed; retry after %v", d.delay)
 	default:
 		msg = fmt.Sprintf("grpclimit: rate limit exceeded: %d per %s (policy %q); retry after %v",
@@ -158,7 +179,7 @@ func (i *Interceptor) status(ctx context.Context, key string, n int64, res *hybr
 	}
 	st := status.New(code, msg)
 	details := []protoadapt.MessageV1{&errdetails.RetryInfo{RetryDelay: durationpb.New(d.delay)}}
-	if i.opts.QuotaFailure && !res.Degraded && !res.Blocked {
+	if i.opts.QuotaFailure && !i.failedClosed(res) && !res.Blocked {
 		details = append(details, i.quotaFailure(ctx, key, n, res))
 	}
 	if withDetails, err := st.WithDetails(details...); err == nil {
