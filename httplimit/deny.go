@@ -39,10 +39,11 @@ func (m *Middleware) deny(w http.ResponseWriter, r *http.Request, key string, re
 	}
 	t := m.tierOf(res)
 	// The violated policies: every rule that cannot admit the request now
-	// (none for a blocked key).
+	// (none for a blocked key, or for a denial by the FailurePolicy).
 	violated := make([]string, 0, 1)
+	failed := m.failedClosed(res)
 	switch {
-	case res.Blocked:
+	case res.Blocked || failed:
 	case t.multi:
 		var st [hybridlimit.MaxRules]hybridlimit.RuleState
 		// The decision's rules, wherever the key is now; the decision's
@@ -60,8 +61,11 @@ func (m *Middleware) deny(w http.ResponseWriter, r *http.Request, key string, re
 		violated = append(violated, t.policy.names[0])
 	}
 	typ, detail := ProblemType, fmt.Sprintf("rate limit exceeded; retry after %d s", retry)
-	if res.Blocked {
+	switch {
+	case res.Blocked:
 		typ, detail = "about:blank", fmt.Sprintf("this client is blocked; retry after %d s", retry)
+	case failed:
+		typ, detail = "about:blank", fmt.Sprintf("the rate limiter cannot decide and fails closed; retry after %d s", retry)
 	}
 	b := make([]byte, 0, 256)
 	b = append(b, `{"type":`...)

@@ -255,6 +255,20 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	next.ServeHTTP(w, r)
 }
 
+// failedClosed reports whether res is a denial by the limiter's
+// FailurePolicy (FailClosed while the store fails, or a full key table),
+// not by a rule. (Under FailOpen a Degraded denial is a rule's, on this
+// node's counts.)
+func (m *Middleware) failedClosed(res *hybridlimit.Result) bool {
+	return !res.Allowed && res.Degraded && m.l.FailurePolicy() == hybridlimit.FailClosed
+}
+
+// stopped reports whether res denies the key whatever its rules hold: it
+// is blocked, or the FailurePolicy denied it.
+func (m *Middleware) stopped(res *hybridlimit.Result) bool {
+	return !res.Allowed && res.Blocked || m.failedClosed(res)
+}
+
 // setHeaders sets the rate-limit headers, and Retry-After when sendRetry.
 // All the values share one string and one []string, whatever the number of
 // rules: two allocations.
@@ -274,6 +288,10 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 	// on a denial it is capped at the retry delay (see
 	// Policy.AppendRateLimit).
 	reset := seconds(res.ResetAfter)
+	stopped := m.stopped(res)
+	if stopped {
+		reset = retry
+	}
 	if retry > 0 {
 		reset = min(reset, retry)
 	}
@@ -296,10 +314,11 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 		} else {
 			states = append(states, hybridlimit.RuleState{Rule: 0, Remaining: res.Remaining, ResetAfter: res.ResetAfter})
 		}
-		if res.Blocked {
-			// A blocked key admits nothing, whatever its rules hold.
+		if stopped {
+			// Nothing is admitted before the retry, whatever the rules
+			// hold.
 			for i := range states {
-				states[i].Remaining = 0
+				states[i].Remaining, states[i].ResetAfter = 0, res.RetryAfter
 			}
 		}
 		b = t.policy.AppendRateLimit(b, states, retry)
