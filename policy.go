@@ -202,7 +202,7 @@ func (l *Limiter) checkPolicyKey(op, key string) error {
 // nodes apply it within one sync period (see Config.Tiers); this node at
 // once. The key starts its new tier with the counts its counters there
 // already hold in the store (those it shares with its old tier, see
-// docs/policies.md).
+// docs/policies.md); in ModeLocal, with no store, afresh.
 func (l *Limiter) SetOverride(ctx context.Context, key, tier string, ttl time.Duration) error {
 	st, err := l.policyStore()
 	if err != nil {
