@@ -23,7 +23,9 @@ import (
 // counts them, with Result.Blocked set. The zero value bans nothing.
 type BanPolicy struct {
 	// Denials is how many denials within Within trigger a block: 1 to
-	// 1,000,000, or 0 to ban nothing.
+	// 1,000,000, or 0 to ban nothing. A node counts a key's denials in
+	// periods of Within, each starting at the first denial after the last
+	// period ended.
 	Denials int
 	// Within is the period Denials are counted over: 1ms to 24h, default
 	// 1 minute.

@@ -252,3 +252,33 @@ func TestBanLengthsWholeMilliseconds(t *testing.T) {
 	assert.True(t, res.Blocked)
 	assert.Equal(t, 1001*time.Millisecond, res.RetryAfter)
 }
+
+// A node counts a key's denials in periods of Within from the first
+// denial of a period: Denials of them within one period ban the key, the
+// same number straddling two periods does not, however close together.
+func TestBanCountsPeriodsFromFirstDenial(t *testing.T) {
+	ctx := context.Background()
+	l, mock := newTiered(t, BanPolicy{Denials: 3, Within: time.Minute})
+	start := at(10, 0, 0)
+	deny := func(d time.Duration) {
+		t.Helper()
+		mock.Set(start.Add(d))
+		res, err := l.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.False(t, res.Allowed, "at start%+v", d)
+		require.False(t, res.Blocked, "at start%+v", d)
+	}
+	mock.Set(start)
+	require.Equal(t, 3, admitted(t, l, "k", 3)) // the free tier's 3 a minute
+	deny(0)                                     // the period starts: 1
+	deny(59 * time.Second)                      // 2
+	deny(time.Minute)                           // a new period: 1, two denials a second apart before it
+	deny(time.Minute + time.Second)             // 2
+	mock.Set(start.Add(time.Minute + 2*time.Second))
+	res, err := l.Allow(ctx, "k") // 3 within the period: banned
+	require.NoError(t, err)
+	assert.False(t, res.Allowed)
+	res, err = l.Peek(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Blocked)
+}
