@@ -7,8 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit/store"
 )
 
 // A block set for d at any instant, on or between milliseconds, holds
@@ -281,4 +284,32 @@ func TestBanCountsPeriodsFromFirstDenial(t *testing.T) {
 	res, err = l.Peek(ctx, "k")
 	require.NoError(t, err)
 	assert.True(t, res.Blocked)
+}
+
+// A block whose end another program put far ahead in the store (up to
+// the 2^52 ms a store keeps, or past it) holds with a RetryAfter that
+// saturates, never one that wraps into a short or negative wait.
+func TestBlockFarEndRetryAfter(t *testing.T) {
+	ctx := context.Background()
+	mock := clock.NewMock()
+	mock.Set(at(10, 0, 0))
+	st := store.NewMemory(mock)
+	cfg := tierCfg
+	cfg.Mode, cfg.Store, cfg.Clock, cfg.Manual = ModeAsync, st, mock, true
+	l, err := New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(ctx) })
+	now := mock.Now().UnixMilli()
+	for _, until := range []int64{now + int64(MaxWindow/time.Millisecond), math.MaxInt64 / int64(time.Millisecond), 1 << 52} {
+		require.NoError(t, st.PutPolicy(ctx, l.cfg.Prefix, store.Policy{Kind: store.Block, Key: "k", Until: until}, now))
+		require.NoError(t, l.Sync(ctx))
+		res, err := l.Peek(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Blocked, "until %d", until)
+		want := time.Duration(math.MaxInt64)
+		if until <= math.MaxInt64/int64(time.Millisecond) {
+			want = time.Duration(until-now) * time.Millisecond
+		}
+		assert.Equal(t, want, res.RetryAfter, "until %d", until)
+	}
 }
