@@ -6,11 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/httplimit"
+	"github.com/hybridlimit/hybridlimit/store"
 )
 
 // A blocked key's headers over its block: Retry-After is the time left
@@ -77,4 +79,30 @@ func TestBlockedHeadersSeveralRules(t *testing.T) {
 	assert.Equal(t, "90", w.Header().Get("Retry-After"))
 	assert.Equal(t, "0", w.Header().Get("RateLimit-Remaining"))
 	assert.Equal(t, `"1m";r=0;t=90, "1h";r=0;t=90`, w.Header().Get("RateLimit"))
+}
+
+// A block whose end another program put far ahead in the store: the
+// RetryAfter the limiter saturates gives the longest Retry-After, with
+// jitter too, never a wrapped one.
+func TestBlockedFarEnd(t *testing.T) {
+	ctx := context.Background()
+	mc := clock.NewMock()
+	mc.Set(epoch)
+	st := store.NewMemory(mc)
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules: []hybridlimit.Rule{{Limit: 5, Window: time.Minute}},
+		Mode:  hybridlimit.ModeAsync, Store: st, Clock: mc, Manual: true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(ctx) })
+	require.NoError(t, st.PutPolicy(ctx, "hl", store.Policy{Kind: store.Block, Key: "k", Until: 1 << 52}, epoch.UnixMilli()))
+	require.NoError(t, l.Sync(ctx))
+	for _, jitter := range []time.Duration{0, httplimit.MaxRetryJitter} {
+		h := mustNew(t, l, httplimit.Header("X-Key"), httplimit.Options{RetryJitter: jitter}).Wrap(ok)
+		w := do(h, "192.0.2.1:1", "X-Key", "k")
+		assert.Equal(t, 429, w.Code)
+		assert.Equal(t, "9223372037", w.Header().Get("Retry-After"), "jitter %v", jitter)
+		assert.Equal(t, "9223372037", w.Header().Get("RateLimit-Reset"), "jitter %v", jitter)
+		assert.Equal(t, `"1m";r=0;t=9223372037`, w.Header().Get("RateLimit"), "jitter %v", jitter)
+	}
 }

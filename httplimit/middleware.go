@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -281,7 +282,13 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 	if sendRetry {
 		retryAfter = retry
 		if m.opts.RetryJitter > 0 {
-			retryAfter = max(seconds(res.RetryAfter+time.Duration(rand.Int64N(int64(m.opts.RetryJitter)+1))), 1)
+			wait := res.RetryAfter
+			if j := time.Duration(rand.Int64N(int64(m.opts.RetryJitter) + 1)); wait <= math.MaxInt64-j {
+				wait += j
+			} else {
+				wait = math.MaxInt64 // a block that ends past the longest Duration
+			}
+			retryAfter = max(seconds(wait), 1)
 		}
 	}
 	// t, the draft's effective window, is the time until the rule resets;
