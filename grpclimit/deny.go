@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -40,22 +41,35 @@ type denial struct {
 func (i *Interceptor) denial(res *hybridlimit.Result) denial {
 	wait := res.RetryAfter
 	if i.opts.RetryJitter > 0 {
-		wait += time.Duration(rand.Int64N(int64(i.opts.RetryJitter) + 1))
+		if j := time.Duration(rand.Int64N(int64(i.opts.RetryJitter) + 1)); wait <= math.MaxInt64-j {
+			wait += j
+		} else {
+			wait = math.MaxInt64 // a block that ends past the longest Duration
+		}
+	}
+	delay := wait.Truncate(time.Millisecond)
+	if delay < wait && delay <= math.MaxInt64-time.Millisecond {
+		delay += time.Millisecond
 	}
 	return denial{
-		delay:      max((wait + time.Millisecond - 1).Truncate(time.Millisecond), time.Millisecond),
+		delay:      max(delay, time.Millisecond),
 		retryAfter: max(seconds(wait), 1),
 		maxT:       max(seconds(res.RetryAfter), 1),
 	}
 }
 
 // seconds rounds d up to whole seconds, never below zero, as httplimit
-// does for Retry-After and RateLimit-Reset.
+// does for Retry-After and RateLimit-Reset: without wrapping, also near
+// the longest Duration.
 func seconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
 }
 
 // states appends the state of every rule of res's tier for key to dst:
