@@ -23,13 +23,15 @@ import (
 // counts them, with Result.Blocked set. The zero value bans nothing.
 type BanPolicy struct {
 	// Denials is how many denials within Within trigger a block: 1 to
-	// 1,000,000, or 0 to ban nothing.
+	// 1,000,000, or 0 to ban nothing. A node counts a key's denials in
+	// periods of Within, each starting at the first denial after the last
+	// period ended.
 	Denials int
 	// Within is the period Denials are counted over: 1ms to 24h, default
 	// 1 minute.
 	Within time.Duration
 	// For is the first block's length, Max the longest: 1s ≤ For ≤ Max ≤
-	// 366 days; defaults 1 minute and 24 hours.
+	// 366 days, whole milliseconds; defaults 1 minute and 24 hours.
 	For, Max time.Duration
 	// Forget is how long after a block ends a new one still doubles it:
 	// up to 366 days; 0 means the default, 24 hours. Blocks never double
@@ -72,6 +74,12 @@ func (b *BanPolicy) validate() error {
 		return fmt.Errorf("hybridlimit: Config.Ban.Within is %v, want 1ms to 24h", b.Within)
 	case b.For < time.Second || b.Max < b.For || b.Max > MaxWindow:
 		return fmt.Errorf("hybridlimit: Config.Ban.For is %v and Max %v, want 1s ≤ For ≤ Max ≤ %v", b.For, b.Max, MaxWindow)
+	case b.For%time.Millisecond != 0:
+		// The store keeps blocks in whole milliseconds: a length between
+		// them would end a block before For has passed.
+		return fmt.Errorf("hybridlimit: Config.Ban.For is %v, want a whole number of milliseconds", b.For)
+	case b.Max%time.Millisecond != 0:
+		return fmt.Errorf("hybridlimit: Config.Ban.Max is %v, want a whole number of milliseconds", b.Max)
 	case b.Forget < 0 || b.Forget > MaxWindow:
 		return fmt.Errorf("hybridlimit: Config.Ban.Forget is %v, want 1ns to %v (0: 24h)", b.Forget, MaxWindow)
 	}

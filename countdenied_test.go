@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridlimit/hybridlimit/store"
@@ -80,4 +81,46 @@ func countDeniedLimiter(t *testing.T, mode Mode, r Rule) *Limiter {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	return l
+}
+
+// A FailClosed denial while the store fails says when to come back: the
+// wait before the next sync cycle, never 0 (WaitN would spin), also with
+// Manual set, where no loop runs and the caller syncs.
+func TestFailClosedRetryAfter(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		mode Mode
+		rate time.Duration
+		want time.Duration
+	}{
+		{ModeAsync, 250 * time.Millisecond, 250 * time.Millisecond},
+		{ModeSynchronous, 0, DefaultSyncRate},
+	} {
+		t.Run(c.mode.String(), func(t *testing.T) {
+			l, err := New(Config{
+				Rules:         []Rule{{Limit: 10, Window: time.Minute}},
+				Mode:          c.mode,
+				Store:         errStore{},
+				SyncRate:      c.rate,
+				FailurePolicy: FailClosed,
+				Manual:        true,
+			})
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				// The increment never reaches the store: do not wait for it.
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+				defer cancel()
+				_ = l.Close(cctx)
+			})
+			if c.mode == ModeAsync {
+				_, _ = l.Allow(ctx, "k")
+				require.Error(t, l.Sync(ctx))
+			}
+			res, err := l.Allow(ctx, "k")
+			require.NoError(t, err)
+			assert.False(t, res.Allowed)
+			assert.True(t, res.Degraded)
+			assert.Equal(t, c.want, res.RetryAfter)
+		})
+	}
 }

@@ -131,15 +131,29 @@ type hitters struct {
 
 // AllowTagged is AllowN for a request made by tag: when the key is at or
 // near its limit (denied, or admitted with at most a quarter of its
-// tightest rule left), the tag's cost is counted towards the key's
-// contributors (see Contributors). An empty tag counts nothing. It does
-// not allocate, but for the first such decision on a key.
+// tightest rule left: of its Limit, or of a bucket's Burst), the tag's
+// cost is counted towards the key's contributors (see Contributors). An
+// empty tag counts nothing. It does not allocate, but for the first such
+// decision on a key.
 func (l *Limiter) AllowTagged(ctx context.Context, key, tag string, n int64) (Result, error) {
 	res, err := l.AllowN(ctx, key, n)
-	if err == nil && tag != "" && (!res.Allowed || res.Remaining <= res.Limit/4) {
+	if err == nil && tag != "" && (!res.Allowed || res.Remaining <= l.capacity(&res)/4) {
 		l.noteTag(key, tag, n, res.Tier)
 	}
 	return res, err
+}
+
+// capacity returns what res's rule admits when untouched, which its
+// Remaining counts down from: its Limit, or a bucket's Burst.
+func (l *Limiter) capacity(res *Result) int64 {
+	t := l.def
+	if res.Tier != "" {
+		t = l.byName[res.Tier]
+	}
+	if t == nil || res.Rule < 0 || res.Rule >= len(t.cfg) {
+		return res.Limit
+	}
+	return t.cfg[res.Rule].maxCost()
 }
 
 // noteTag counts cost n of tag towards key's contributors.
@@ -163,11 +177,13 @@ func (l *Limiter) noteTag(key, tag string, n int64, tierName string) {
 }
 
 // sweepSketches forgets the sketches of keys not seen for two of their
-// longest windows, whose contributors are gone from the store too.
+// longest windows, whose contributors are gone from the store too (once
+// flushed there; in ModeLocal, without a store, at once).
 func (l *Limiter) sweepSketches(now int64) {
+	local := l.hit.st == nil
 	l.hit.m.Range(func(k string, s *sketch) bool {
 		s.mu.Lock()
-		old := now-s.last > int64(2*s.longest) && !s.dirty
+		old := now-s.last > int64(2*s.longest) && (!s.dirty || local)
 		s.mu.Unlock()
 		if old {
 			l.hit.m.Delete(k)

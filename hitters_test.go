@@ -125,3 +125,49 @@ func TestContributorsAcrossNodes(t *testing.T) {
 	// per minute: it counts them from the 8th (2 of 10 left) on, 13 each.
 	assert.Equal(t, int64(39), got[0].Cost+got[1].Cost)
 }
+
+// "Near the limit" is measured against what the rule's Remaining counts
+// down from: a bucket's Burst, not its Limit. A token bucket of 100 a
+// minute with a burst of 8 is far from its limit with 7 tokens left, and
+// near it with 2; one with a burst of 400 is near it with 100 left.
+func TestContributorsBucketThreshold(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name  string
+		rule  Rule
+		spend int   // untagged requests first
+		want  int64 // the tag's cost counted over 4 tagged requests
+	}{
+		// Remaining after the tagged requests: 7, 6, 5, 4.
+		{"burst below limit, full", Rule{Limit: 100, Window: time.Minute, Type: TokenBucket, Burst: 8}, 0, 0},
+		// 4, 3, 2, 1: the last two at most a quarter of 8.
+		{"burst below limit, near", Rule{Limit: 100, Window: time.Minute, Type: TokenBucket, Burst: 8}, 3, 2},
+		// 102, 101, 100, 99: the last two at most a quarter of 400.
+		{"burst above limit, near", Rule{Limit: 100, Window: time.Minute, Type: TokenBucket, Burst: 400}, 297, 2},
+		{"leaky bucket", Rule{Limit: 100, Window: time.Minute, Type: LeakyBucket, Burst: 8}, 3, 2},
+		{"window rule", Rule{Limit: 8, Window: time.Minute}, 3, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mock := clock.NewMock()
+			mock.Set(at(10, 0, 0))
+			l, err := New(Config{Rules: []Rule{c.rule}, Clock: mock, Manual: true})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = l.Close(ctx) })
+			for range c.spend {
+				_, err := l.Allow(ctx, "k")
+				require.NoError(t, err)
+			}
+			for range 4 {
+				_, err := l.AllowTagged(ctx, "k", "t", 1)
+				require.NoError(t, err)
+			}
+			got, err := l.Contributors(ctx, "k")
+			require.NoError(t, err)
+			var cost int64
+			for _, x := range got {
+				cost += x.Cost
+			}
+			assert.Equal(t, c.want, cost)
+		})
+	}
+}

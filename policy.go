@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -202,7 +203,7 @@ func (l *Limiter) checkPolicyKey(op, key string) error {
 // nodes apply it within one sync period (see Config.Tiers); this node at
 // once. The key starts its new tier with the counts its counters there
 // already hold in the store (those it shares with its old tier, see
-// docs/policies.md).
+// docs/policies.md); in ModeLocal, with no store, afresh.
 func (l *Limiter) SetOverride(ctx context.Context, key, tier string, ttl time.Duration) error {
 	st, err := l.policyStore()
 	if err != nil {
@@ -327,9 +328,19 @@ func unixMs(ms int64) time.Time {
 func (t *tier) blocked(b *store.Policy, now int64) Result {
 	res := t.fresh()
 	res.Allowed, res.Blocked, res.Remaining = false, true, 0
-	if b.Until != 0 {
-		res.RetryAfter = max(time.Duration(b.Until*int64(time.Millisecond)-now), time.Millisecond)
-	} else {
+	const ms = int64(time.Millisecond)
+	switch {
+	case b.Until > math.MaxInt64/ms:
+		// An end another program wrote far ahead: the longest wait,
+		// rather than a product that wraps.
+		res.RetryAfter = math.MaxInt64
+	case b.Until != 0:
+		left := b.Until*ms - now
+		if now < 0 && left < 0 { // wrapped: a clock before 1970
+			left = math.MaxInt64
+		}
+		res.RetryAfter = max(time.Duration(left), time.Millisecond)
+	default:
 		res.RetryAfter = MaxWindow
 	}
 	res.ResetAfter = res.RetryAfter

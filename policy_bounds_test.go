@@ -7,8 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit/store"
 )
 
 // A block set for d at any instant, on or between milliseconds, holds
@@ -222,4 +225,91 @@ func TestPolicyInputErrors(t *testing.T) {
 	rules, ok := l.TierRules("")
 	assert.True(t, ok)
 	assert.Equal(t, tierCfg.Rules, rules)
+}
+
+// A ban's For and Max are kept to the millisecond by the store, as a
+// rule's Window: a length between milliseconds would make the block end
+// before For has passed, so New refuses it with an error naming the field.
+func TestBanLengthsWholeMilliseconds(t *testing.T) {
+	for _, c := range []struct {
+		ban  BanPolicy
+		want string
+	}{
+		{BanPolicy{Denials: 1, For: time.Second + 500*time.Microsecond}, "Config.Ban.For is 1.0005s, want a whole number of milliseconds"},
+		{BanPolicy{Denials: 1, For: time.Second, Max: time.Hour + 1}, "Config.Ban.Max is 1h0m0.000000001s, want a whole number of milliseconds"},
+	} {
+		cfg := tierCfg
+		cfg.Ban = c.ban
+		_, err := New(cfg)
+		assert.ErrorContains(t, err, c.want, "%+v", c.ban)
+	}
+	// Whole milliseconds are kept exactly: the block holds For, and the
+	// next one twice For.
+	ctx := context.Background()
+	l, mock := newTiered(t, BanPolicy{Denials: 1, For: 1001 * time.Millisecond, Max: time.Hour})
+	start := at(10, 0, 0)
+	mock.Set(start)
+	admitted(t, l, "k", 4)
+	res, err := l.Peek(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Blocked)
+	assert.Equal(t, 1001*time.Millisecond, res.RetryAfter)
+}
+
+// A node counts a key's denials in periods of Within from the first
+// denial of a period: Denials of them within one period ban the key, the
+// same number straddling two periods does not, however close together.
+func TestBanCountsPeriodsFromFirstDenial(t *testing.T) {
+	ctx := context.Background()
+	l, mock := newTiered(t, BanPolicy{Denials: 3, Within: time.Minute})
+	start := at(10, 0, 0)
+	deny := func(d time.Duration) {
+		t.Helper()
+		mock.Set(start.Add(d))
+		res, err := l.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.False(t, res.Allowed, "at start%+v", d)
+		require.False(t, res.Blocked, "at start%+v", d)
+	}
+	mock.Set(start)
+	require.Equal(t, 3, admitted(t, l, "k", 3)) // the free tier's 3 a minute
+	deny(0)                                     // the period starts: 1
+	deny(59 * time.Second)                      // 2
+	deny(time.Minute)                           // a new period: 1, two denials a second apart before it
+	deny(time.Minute + time.Second)             // 2
+	mock.Set(start.Add(time.Minute + 2*time.Second))
+	res, err := l.Allow(ctx, "k") // 3 within the period: banned
+	require.NoError(t, err)
+	assert.False(t, res.Allowed)
+	res, err = l.Peek(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Blocked)
+}
+
+// A block whose end another program put far ahead in the store (up to
+// the 2^52 ms a store keeps, or past it) holds with a RetryAfter that
+// saturates, never one that wraps into a short or negative wait.
+func TestBlockFarEndRetryAfter(t *testing.T) {
+	ctx := context.Background()
+	mock := clock.NewMock()
+	mock.Set(at(10, 0, 0))
+	st := store.NewMemory(mock)
+	cfg := tierCfg
+	cfg.Mode, cfg.Store, cfg.Clock, cfg.Manual = ModeAsync, st, mock, true
+	l, err := New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(ctx) })
+	now := mock.Now().UnixMilli()
+	for _, until := range []int64{now + int64(MaxWindow/time.Millisecond), math.MaxInt64 / int64(time.Millisecond), 1 << 52} {
+		require.NoError(t, st.PutPolicy(ctx, l.cfg.Prefix, store.Policy{Kind: store.Block, Key: "k", Until: until}, now))
+		require.NoError(t, l.Sync(ctx))
+		res, err := l.Peek(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Blocked, "until %d", until)
+		want := time.Duration(math.MaxInt64)
+		if until <= math.MaxInt64/int64(time.Millisecond) {
+			want = time.Duration(until-now) * time.Millisecond
+		}
+		assert.Equal(t, want, res.RetryAfter, "until %d", until)
+	}
 }

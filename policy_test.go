@@ -389,3 +389,44 @@ func TestBanUnderConcurrency(t *testing.T) {
 	require.Len(t, bs, 1)
 	assert.Equal(t, 1, bs[0].Strikes)
 }
+
+// A key moved to a tier whose rule counts like its old tier's keeps what
+// it spent, in ModeAsync and ModeSynchronous: both tiers' counters are the
+// same in the store (from the first sync after the move, in ModeAsync). In
+// ModeLocal each tier's table counts on its own: the key starts afresh.
+func TestOverrideKeepsStoreCounts(t *testing.T) {
+	for _, c := range []struct {
+		mode Mode
+		want int // admitted by "paid" (10 a minute) after 3 as a free key
+	}{
+		{ModeLocal, 10},
+		{ModeAsync, 7},
+		{ModeSynchronous, 7},
+	} {
+		t.Run(c.mode.String(), func(t *testing.T) {
+			mock := clock.NewMock()
+			mock.Set(at(10, 0, 0))
+			cfg := tierCfg
+			cfg.Mode, cfg.Clock, cfg.Manual = c.mode, mock, true
+			cfg.Tiers = map[string][]Rule{"paid": {{Limit: 10, Window: time.Minute}}}
+			if c.mode != ModeLocal {
+				cfg.Store = store.NewMemory(mock)
+			}
+			if c.mode == ModeAsync {
+				cfg.SyncRate = 100 * time.Millisecond
+			}
+			l, err := New(cfg)
+			require.NoError(t, err)
+			ctx := context.Background()
+			t.Cleanup(func() { _ = l.Close(ctx) })
+			require.Equal(t, 3, admitted(t, l, "acme", 5))
+			require.NoError(t, l.Sync(ctx))
+			require.NoError(t, l.SetOverride(ctx, "acme", "paid", time.Hour))
+			got := admitted(t, l, "acme", 1)
+			require.NoError(t, l.Sync(ctx))
+			mock.Add(time.Millisecond)
+			got += admitted(t, l, "acme", 15)
+			assert.Equal(t, c.want, got)
+		})
+	}
+}

@@ -114,12 +114,18 @@ func (s *synchronous) decide(ctx context.Context, t *tier, key string, n int64, 
 	// so that a request retried at RetryAfter is admitted.
 	at := us * int64(time.Microsecond)
 	counts := req.Counts[:len(t.rules)]
-	t.table.Observe(key, at, counts, req.Allowed, !peek)
+	if !t.table.Observe(key, at, counts, req.Allowed, !peek) && !peek {
+		// The table is full and the key untracked: the store decided,
+		// the limiter counts the decision.
+		l.overflow.Add(1)
+		if req.Allowed {
+			l.untrackedAllowed.Add(1)
+		} else {
+			l.untrackedDenied.Add(1)
+		}
+	}
 	if !peek && !req.Allowed && l.bans != nil {
 		l.noteDenied(key, at)
-	}
-	if !peek && t.table.Len() >= l.cfg.MaxKeys {
-		l.overflow.Add(1) // Observe could not track the key (or just filled the table)
 	}
 	cost := n
 	if peek && req.Allowed {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -40,39 +41,77 @@ type denial struct {
 func (i *Interceptor) denial(res *hybridlimit.Result) denial {
 	wait := res.RetryAfter
 	if i.opts.RetryJitter > 0 {
-		wait += time.Duration(rand.Int64N(int64(i.opts.RetryJitter) + 1))
+		if j := time.Duration(rand.Int64N(int64(i.opts.RetryJitter) + 1)); wait <= math.MaxInt64-j {
+			wait += j
+		} else {
+			wait = math.MaxInt64 // a block that ends past the longest Duration
+		}
+	}
+	delay := wait.Truncate(time.Millisecond)
+	if delay < wait && delay <= math.MaxInt64-time.Millisecond {
+		delay += time.Millisecond
 	}
 	return denial{
-		delay:      max((wait + time.Millisecond - 1).Truncate(time.Millisecond), time.Millisecond),
+		delay:      max(delay, time.Millisecond),
 		retryAfter: max(seconds(wait), 1),
 		maxT:       max(seconds(res.RetryAfter), 1),
 	}
 }
 
 // seconds rounds d up to whole seconds, never below zero, as httplimit
-// does for Retry-After and RateLimit-Reset.
+// does for Retry-After and RateLimit-Reset: without wrapping, also near
+// the longest Duration.
 func seconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
 }
 
 // states appends the state of every rule of res's tier for key to dst:
 // from the limiter with several rules (the decision's tier, wherever the
 // key is now), from res with one, and from res too when the limiter can no
-// longer say (it was closed since the decision): never none.
+// longer say (it was closed since the decision): never none. A key that is
+// blocked or that the FailurePolicy denied admits nothing until the retry,
+// whatever its rules hold.
 func (i *Interceptor) states(ctx context.Context, key string, res *hybridlimit.Result, dst []hybridlimit.RuleState) []hybridlimit.RuleState {
 	own := hybridlimit.RuleState{Rule: res.Rule, Limit: res.Limit, Window: res.Window, Remaining: res.Remaining, ResetAfter: res.ResetAfter}
+	if i.stopped(res) {
+		own.Remaining, own.ResetAfter = 0, res.RetryAfter
+	}
 	if !i.tierOf(res).multi {
 		own.Rule = 0
 		return append(dst, own)
 	}
 	states, err := i.l.TierState(ctx, key, res.Tier, dst)
 	if err != nil {
-		return append(dst, own)
+		states = append(dst, own)
+	}
+	if i.stopped(res) {
+		// Nothing is admitted before the retry, whatever the rules hold.
+		for j := len(dst); j < len(states); j++ {
+			states[j].Remaining, states[j].ResetAfter = 0, res.RetryAfter
+		}
 	}
 	return states
+}
+
+// failedClosed reports whether res is a denial by the limiter's
+// FailurePolicy (FailClosed while the store fails, or a full key table),
+// not by a rule. (Under FailOpen a Degraded denial is a rule's, on this
+// node's counts.)
+func (i *Interceptor) failedClosed(res *hybridlimit.Result) bool {
+	return !res.Allowed && res.Degraded && i.l.FailurePolicy() == hybridlimit.FailClosed
+}
+
+// stopped reports whether res denies the key whatever its rules hold: it
+// is blocked, or the FailurePolicy denied it.
+func (i *Interceptor) stopped(res *hybridlimit.Result) bool {
+	return !res.Allowed && res.Blocked || i.failedClosed(res)
 }
 
 // metadata returns the rate-limit metadata of a decision, with retry-after
@@ -101,6 +140,9 @@ func (i *Interceptor) metadata(ctx context.Context, key string, res *hybridlimit
 	}
 	if legacy {
 		reset := seconds(res.ResetAfter)
+		if i.stopped(res) {
+			reset = d.maxT
+		}
 		if d.maxT > 0 {
 			reset = min(reset, d.maxT)
 		}
@@ -143,7 +185,7 @@ func (i *Interceptor) status(ctx context.Context, key string, n int64, res *hybr
 	case res.Blocked:
 		code = i.opts.BlockedCode
 		msg = fmt.Sprintf("grpclimit: this client is blocked; retry after %v", d.delay)
-	case res.Degraded:
+	case i.failedClosed(res):
 		msg = fmt.Sprintf("grpclimit: rate limiter degraded (store failing or key table full) and failing closed; retry after %v", d.delay)
 	default:
 		msg = fmt.Sprintf("grpclimit: rate limit exceeded: %d per %s (policy %q); retry after %v",
@@ -151,7 +193,7 @@ func (i *Interceptor) status(ctx context.Context, key string, n int64, res *hybr
 	}
 	st := status.New(code, msg)
 	details := []protoadapt.MessageV1{&errdetails.RetryInfo{RetryDelay: durationpb.New(d.delay)}}
-	if i.opts.QuotaFailure && !res.Degraded && !res.Blocked {
+	if i.opts.QuotaFailure && !i.failedClosed(res) && !res.Blocked {
 		details = append(details, i.quotaFailure(ctx, key, n, res))
 	}
 	if withDetails, err := st.WithDetails(details...); err == nil {
@@ -193,14 +235,18 @@ func (i *Interceptor) quotaFailure(ctx context.Context, key string, n int64, res
 
 // DefaultErrorHandler is the ErrorHandler used when Options.ErrorHandler is
 // nil. It fails the call with codes.Unavailable for a closed limiter,
-// codes.Canceled or codes.DeadlineExceeded for a done call context, and
-// codes.InvalidArgument otherwise (a key error, an empty or oversized key,
-// a cost out of range), with err's text as the message.
+// codes.Canceled or codes.DeadlineExceeded for a done call context,
+// codes.Internal when Config.TierOf named a tier the limiter does not have
+// (hybridlimit.ErrUnknownTier: the server's configuration is at fault),
+// and codes.InvalidArgument otherwise (a key error, an empty or oversized
+// key, a cost out of range), with err's text as the message.
 func DefaultErrorHandler(ctx context.Context, method string, err error) error {
 	code := codes.InvalidArgument
 	switch {
 	case errors.Is(err, hybridlimit.ErrClosed):
 		code = codes.Unavailable
+	case errors.Is(err, hybridlimit.ErrUnknownTier):
+		code = codes.Internal
 	case errors.Is(err, context.Canceled):
 		code = codes.Canceled
 	case errors.Is(err, context.DeadlineExceeded):

@@ -3,6 +3,7 @@ package grpclimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -102,6 +103,9 @@ func TestDefaultErrorHandler(t *testing.T) {
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{&grpclimit.KeyError{Err: grpclimit.ErrNoKey}, codes.InvalidArgument},
 		{hybridlimit.ErrCost, codes.InvalidArgument},
+		// Config.TierOf named no tier: the server's configuration, not
+		// the call, is at fault.
+		{fmt.Errorf("wrapped: %w", hybridlimit.ErrUnknownTier), codes.Internal},
 	} {
 		assert.Equal(t, c.want, status.Code(grpclimit.DefaultErrorHandler(context.Background(), "/m", c.err)), "%v", c.err)
 	}
@@ -149,4 +153,64 @@ func TestStoreFailure(t *testing.T) {
 		_ = l.Close(ctx) // the store stays down: Close gives up at once
 		cancel()
 	}
+}
+
+// Under FailOpen, a synchronous limiter whose store is down decides on
+// this node's counts: a denial there is a rule's (Degraded, but not the
+// failure policy's), and the status says which rule, as any denial.
+func TestFailOpenLocalDenial(t *testing.T) {
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules:  []hybridlimit.Rule{{Limit: 1, Window: time.Minute}},
+		Mode:   hybridlimit.ModeSynchronous,
+		Store:  downStore{},
+		Manual: true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		_ = l.Close(ctx)
+	})
+	degraded := make(chan bool, 2)
+	cc, _ := serve(t, newInterceptor(t, l, peerIP(t), grpclimit.Options{
+		QuotaFailure: true,
+		OnDenied:     func(_ context.Context, _, _ string, res hybridlimit.Result) { degraded <- res.Degraded },
+	}))
+	require.NoError(t, say(t, cc).err)
+	r := say(t, cc)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(r.err))
+	assert.True(t, <-degraded, "decided on this node's counts")
+	assert.Contains(t, status.Convert(r.err).Message(), `grpclimit: rate limit exceeded: 1 per 1m (policy "1m")`)
+	require.NotNil(t, r.quota)
+	assert.Len(t, r.quota.GetViolations(), 1)
+}
+
+// FailClosed with the store down and several rules: the call is denied
+// by the failure policy, not by a rule, so the metadata says nothing is
+// admitted until retry-after (r=0 for every rule, every t and
+// ratelimit-reset at the retry), and no QuotaFailure names a rule.
+func TestFailClosedMetadata(t *testing.T) {
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules:         []hybridlimit.Rule{{Limit: 10, Window: time.Minute}, {Limit: 100, Window: time.Hour}},
+		Mode:          hybridlimit.ModeSynchronous,
+		Store:         downStore{},
+		FailurePolicy: hybridlimit.FailClosed,
+		Manual:        true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		_ = l.Close(ctx)
+	})
+	cc, _ := serve(t, newInterceptor(t, l, peerIP(t), grpclimit.Options{QuotaFailure: true}))
+	r := say(t, cc)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(r.err))
+	assert.Contains(t, status.Convert(r.err).Message(), "failing closed")
+	assert.Nil(t, r.quota)
+	f := fields(r.trailer)
+	assert.Equal(t, "1", f["retry-after"])
+	assert.Equal(t, "0", f["ratelimit-remaining"])
+	assert.Equal(t, "1", f["ratelimit-reset"])
+	assert.Equal(t, `"1m";r=0;t=1, "1h";r=0;t=1`, f["ratelimit"])
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/grpclimit"
+	"github.com/hybridlimit/hybridlimit/store"
 )
 
 func peerIP(t testing.TB) grpclimit.KeyFunc {
@@ -373,4 +374,50 @@ func TestTag(t *testing.T) {
 	got, err := l.Contributors(context.Background(), "127.0.0.1")
 	require.NoError(t, err)
 	assert.Equal(t, []hybridlimit.Contributor{{Tag: "bo", Cost: 2}, {Tag: "ann", Cost: 1}}, got)
+}
+
+// A blocked key admits nothing, whatever its rules hold: with several
+// rules too, every rule's r is 0 in the ratelimit field, as
+// ratelimit-remaining says, and every t is capped at retry-after.
+func TestBlockedMetadataSeveralRules(t *testing.T) {
+	l, _ := newLimiter(t, hybridlimit.Rule{Limit: 100, Window: time.Minute}, hybridlimit.Rule{Limit: 1000, Window: time.Hour})
+	cc, _ := serve(t, newInterceptor(t, l, peerIP(t), grpclimit.Options{}))
+	r := say(t, cc)
+	require.NoError(t, r.err)
+	assert.Equal(t, `"1m";r=99;t=120, "1h";r=999;t=7200`, fields(r.header)["ratelimit"])
+	require.NoError(t, l.Block(context.Background(), "127.0.0.1", 90*time.Second, "r"))
+	r = say(t, cc)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(r.err))
+	assert.Equal(t, "90", fields(r.trailer)["retry-after"])
+	assert.Equal(t, "0", fields(r.trailer)["ratelimit-remaining"])
+	assert.Equal(t, `"1m";r=0;t=90, "1h";r=0;t=90`, fields(r.trailer)["ratelimit"])
+}
+
+// A block whose end another program put far ahead in the store: the
+// RetryAfter the limiter saturates gives the longest retry-after and
+// RetryInfo, with jitter too, never a wrapped one.
+func TestBlockedFarEnd(t *testing.T) {
+	ctx := context.Background()
+	mc := clock.NewMock()
+	mc.Set(epoch)
+	st := store.NewMemory(mc)
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules: []hybridlimit.Rule{{Limit: 5, Window: time.Minute}},
+		Mode:  hybridlimit.ModeAsync, Store: st, Clock: mc, Manual: true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(ctx) })
+	require.NoError(t, st.PutPolicy(ctx, "hl", store.Policy{Kind: store.Block, Key: "127.0.0.1", Until: 1 << 52}, epoch.UnixMilli()))
+	require.NoError(t, l.Sync(ctx))
+	for _, jitter := range []time.Duration{0, grpclimit.MaxRetryJitter} {
+		cc, _ := serve(t, newInterceptor(t, l, peerIP(t), grpclimit.Options{RetryJitter: jitter}))
+		r := say(t, cc)
+		assert.Equal(t, codes.ResourceExhausted, status.Code(r.err))
+		f := fields(r.trailer)
+		assert.Equal(t, "9223372037", f["retry-after"], "jitter %v", jitter)
+		assert.Equal(t, "9223372037", f["ratelimit-reset"], "jitter %v", jitter)
+		assert.Equal(t, `"1m";r=0;t=9223372037`, f["ratelimit"], "jitter %v", jitter)
+		require.NotNil(t, r.retry)
+		assert.Greater(t, r.retry.GetRetryDelay().AsDuration(), 100_000*time.Hour, "jitter %v", jitter)
+	}
 }

@@ -6,11 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/httplimit"
+	"github.com/hybridlimit/hybridlimit/store"
 )
 
 // A blocked key's headers over its block: Retry-After is the time left
@@ -60,5 +62,47 @@ func TestBlockedHeaders(t *testing.T) {
 		assert.Equal(t, "0", w.Header().Get("RateLimit-Remaining"), "%s at %v", c.key, c.at)
 		assert.Equal(t, c.retry, w.Header().Get("RateLimit-Reset"), "%s at %v", c.key, c.at)
 		assert.Equal(t, `"366d";r=0;t=`+c.retry, w.Header().Get("RateLimit"), "%s at %v", c.key, c.at)
+	}
+}
+
+// A blocked key admits nothing, whatever its rules hold: with several
+// rules too, every rule's r is 0 in the RateLimit field, as
+// RateLimit-Remaining says, and every t is capped at Retry-After.
+func TestBlockedHeadersSeveralRules(t *testing.T) {
+	l, _ := newLocal(t, hybridlimit.Rule{Limit: 100, Window: time.Minute}, hybridlimit.Rule{Limit: 1000, Window: time.Hour})
+	h := mustNew(t, l, httplimit.Header("X-Key"), httplimit.Options{}).Wrap(ok)
+	w := do(h, "192.0.2.1:1", "X-Key", "k")
+	assert.Equal(t, `"1m";r=99;t=120, "1h";r=999;t=7200`, w.Header().Get("RateLimit"))
+	require.NoError(t, l.Block(context.Background(), "k", 90*time.Second, "r"))
+	w = do(h, "192.0.2.1:1", "X-Key", "k")
+	assert.Equal(t, 429, w.Code)
+	assert.Equal(t, "90", w.Header().Get("Retry-After"))
+	assert.Equal(t, "0", w.Header().Get("RateLimit-Remaining"))
+	assert.Equal(t, `"1m";r=0;t=90, "1h";r=0;t=90`, w.Header().Get("RateLimit"))
+}
+
+// A block whose end another program put far ahead in the store: the
+// RetryAfter the limiter saturates gives the longest Retry-After, with
+// jitter too, never a wrapped one.
+func TestBlockedFarEnd(t *testing.T) {
+	ctx := context.Background()
+	mc := clock.NewMock()
+	mc.Set(epoch)
+	st := store.NewMemory(mc)
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules: []hybridlimit.Rule{{Limit: 5, Window: time.Minute}},
+		Mode:  hybridlimit.ModeAsync, Store: st, Clock: mc, Manual: true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(ctx) })
+	require.NoError(t, st.PutPolicy(ctx, "hl", store.Policy{Kind: store.Block, Key: "k", Until: 1 << 52}, epoch.UnixMilli()))
+	require.NoError(t, l.Sync(ctx))
+	for _, jitter := range []time.Duration{0, httplimit.MaxRetryJitter} {
+		h := mustNew(t, l, httplimit.Header("X-Key"), httplimit.Options{RetryJitter: jitter}).Wrap(ok)
+		w := do(h, "192.0.2.1:1", "X-Key", "k")
+		assert.Equal(t, 429, w.Code)
+		assert.Equal(t, "9223372037", w.Header().Get("Retry-After"), "jitter %v", jitter)
+		assert.Equal(t, "9223372037", w.Header().Get("RateLimit-Reset"), "jitter %v", jitter)
+		assert.Equal(t, `"1m";r=0;t=9223372037`, w.Header().Get("RateLimit"), "jitter %v", jitter)
 	}
 }

@@ -39,10 +39,11 @@ func (m *Middleware) deny(w http.ResponseWriter, r *http.Request, key string, re
 	}
 	t := m.tierOf(res)
 	// The violated policies: every rule that cannot admit the request now
-	// (none for a blocked key).
+	// (none for a blocked key, or for a denial by the FailurePolicy).
 	violated := make([]string, 0, 1)
+	failed := m.failedClosed(res)
 	switch {
-	case res.Blocked:
+	case res.Blocked || failed:
 	case t.multi:
 		var st [hybridlimit.MaxRules]hybridlimit.RuleState
 		// The decision's rules, wherever the key is now; the decision's
@@ -60,8 +61,11 @@ func (m *Middleware) deny(w http.ResponseWriter, r *http.Request, key string, re
 		violated = append(violated, t.policy.names[0])
 	}
 	typ, detail := ProblemType, fmt.Sprintf("rate limit exceeded; retry after %d s", retry)
-	if res.Blocked {
+	switch {
+	case res.Blocked:
 		typ, detail = "about:blank", fmt.Sprintf("this client is blocked; retry after %d s", retry)
+	case failed:
+		typ, detail = "about:blank", fmt.Sprintf("the rate limiter cannot decide and fails closed; retry after %d s", retry)
 	}
 	b := make([]byte, 0, 256)
 	b = append(b, `{"type":`...)
@@ -94,12 +98,18 @@ func (m *Middleware) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 // DefaultErrorHandler is the ErrorHandler used when Options.ErrorHandler is
 // nil: 503 Service Unavailable for a closed limiter or a done request
-// context, 400 Bad Request otherwise (a key error, an empty or oversized
-// key, a cost out of range), with a problem+json body naming the error.
+// context, 500 Internal Server Error when Config.TierOf named a tier the
+// limiter does not have (hybridlimit.ErrUnknownTier: the server's
+// configuration is at fault), 400 Bad Request otherwise (a key error, an
+// empty or oversized key, a cost out of range), with a problem+json body
+// naming the error.
 func DefaultErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	status := http.StatusBadRequest
-	if errors.Is(err, hybridlimit.ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	switch {
+	case errors.Is(err, hybridlimit.ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		status = http.StatusServiceUnavailable
+	case errors.Is(err, hybridlimit.ErrUnknownTier):
+		status = http.StatusInternalServerError
 	}
 	b := make([]byte, 0, 256)
 	b = append(b, `{"title":`...)

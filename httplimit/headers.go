@@ -105,7 +105,11 @@ func seconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second) // not (d + 1s − 1) / 1s, which wraps near the longest Duration
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
 }
 
 // Policy names a limiter's rules as the rate-limit draft's policies, one

@@ -51,18 +51,19 @@ func ClientIP(opts IPOptions) (KeyFunc, error) {
 	if opts.IPv6Bits < 0 || opts.IPv6Bits > 127 {
 		return nil, fmt.Errorf("httplimit: IPOptions.IPv6Bits is %d, want 0 (full address) to 127", opts.IPv6Bits)
 	}
+	trusted := make([]netip.Prefix, len(opts.TrustedProxies)) // the caller's slice stays as it is
 	for i, p := range opts.TrustedProxies {
 		if !p.IsValid() {
 			return nil, fmt.Errorf("httplimit: IPOptions.TrustedProxies[%d] is not a valid prefix", i)
 		}
-		opts.TrustedProxies[i] = p.Masked()
+		trusted[i] = p.Masked()
 	}
 	header := opts.Header
 	if header == "" {
 		header = "X-Forwarded-For"
 	}
 	header = http.CanonicalHeaderKey(header)
-	k := &ipKeyer{trusted: append([]netip.Prefix(nil), opts.TrustedProxies...), header: header, v6bits: opts.IPv6Bits}
+	k := &ipKeyer{trusted: trusted, header: header, v6bits: opts.IPv6Bits}
 	return k.key, nil
 }
 

@@ -178,3 +178,19 @@ func testMux(m *httplimit.Middleware) *http.ServeMux {
 	mux.Handle("GET /other", m.Wrap(ok))
 	return mux
 }
+
+// ClientIP reads IPOptions.TrustedProxies and leaves the caller's slice as
+// it was: a prefix with host bits set is masked in ClientIP's own copy.
+func TestClientIPLeavesOptionsAlone(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.1.2.3/8"), netip.MustParsePrefix("2001:db8::1/32")}
+	before := append([]netip.Prefix(nil), trusted...)
+	k, err := httplimit.ClientIP(httplimit.IPOptions{TrustedProxies: trusted})
+	require.NoError(t, err)
+	assert.Equal(t, before, trusted)
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = "10.200.0.1:1"
+	r.Header.Set("X-Forwarded-For", "203.0.113.9")
+	key, err := k(r)
+	require.NoError(t, err)
+	assert.Equal(t, "203.0.113.9", key, "the masked prefix is trusted")
+}

@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -255,6 +256,20 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	next.ServeHTTP(w, r)
 }
 
+// failedClosed reports whether res is a denial by the limiter's
+// FailurePolicy (FailClosed while the store fails, or a full key table),
+// not by a rule. (Under FailOpen a Degraded denial is a rule's, on this
+// node's counts.)
+func (m *Middleware) failedClosed(res *hybridlimit.Result) bool {
+	return !res.Allowed && res.Degraded && m.l.FailurePolicy() == hybridlimit.FailClosed
+}
+
+// stopped reports whether res denies the key whatever its rules hold: it
+// is blocked, or the FailurePolicy denied it.
+func (m *Middleware) stopped(res *hybridlimit.Result) bool {
+	return !res.Allowed && res.Blocked || m.failedClosed(res)
+}
+
 // setHeaders sets the rate-limit headers, and Retry-After when sendRetry.
 // All the values share one string and one []string, whatever the number of
 // rules: two allocations.
@@ -267,13 +282,23 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 	if sendRetry {
 		retryAfter = retry
 		if m.opts.RetryJitter > 0 {
-			retryAfter = max(seconds(res.RetryAfter+time.Duration(rand.Int64N(int64(m.opts.RetryJitter)+1))), 1)
+			wait := res.RetryAfter
+			if j := time.Duration(rand.Int64N(int64(m.opts.RetryJitter) + 1)); wait <= math.MaxInt64-j {
+				wait += j
+			} else {
+				wait = math.MaxInt64 // a block that ends past the longest Duration
+			}
+			retryAfter = max(seconds(wait), 1)
 		}
 	}
 	// t, the draft's effective window, is the time until the rule resets;
 	// on a denial it is capped at the retry delay (see
 	// Policy.AppendRateLimit).
 	reset := seconds(res.ResetAfter)
+	stopped := m.stopped(res)
+	if stopped {
+		reset = retry
+	}
 	if retry > 0 {
 		reset = min(reset, retry)
 	}
@@ -295,6 +320,13 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 			}
 		} else {
 			states = append(states, hybridlimit.RuleState{Rule: 0, Remaining: res.Remaining, ResetAfter: res.ResetAfter})
+		}
+		if stopped {
+			// Nothing is admitted before the retry, whatever the rules
+			// hold.
+			for i := range states {
+				states[i].Remaining, states[i].ResetAfter = 0, res.RetryAfter
+			}
 		}
 		b = t.policy.AppendRateLimit(b, states, retry)
 		ends[k] = len(b)

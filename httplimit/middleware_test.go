@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -326,6 +327,9 @@ func TestDefaultErrorHandler(t *testing.T) {
 		{context.Canceled, 503},
 		{&httplimit.KeyError{Err: httplimit.ErrNoKey}, 400},
 		{errors.New("bad \"key\"\n\xff"), 400},
+		// Config.TierOf named no tier: the server's configuration, not
+		// the request, is at fault.
+		{fmt.Errorf("wrapped: %w", hybridlimit.ErrUnknownTier), 500},
 	} {
 		w := httptest.NewRecorder()
 		httplimit.DefaultErrorHandler(w, httptest.NewRequest("GET", "/", nil), c.err)

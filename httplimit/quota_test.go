@@ -50,3 +50,24 @@ func TestQuotaEveryRule(t *testing.T) {
 		}
 	}
 }
+
+// The seconds of the draft fields and Retry-After round up without
+// wrapping, up to the longest Duration: a window Quota saturates is
+// advertised as 9223372037 s, not as 1 s, and a block that ends past the
+// longest Duration gives that many seconds to wait.
+func TestSecondsNeverWrap(t *testing.T) {
+	p, err := httplimit.NewPolicy([]hybridlimit.Rule{
+		{Limit: 100, Window: time.Duration(math.MaxInt64)},
+		{Type: hybridlimit.TokenBucket, Limit: 1, Burst: 1 << 40, Window: hybridlimit.MaxWindow},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `"9223372036854ms";q=100;w=9223372037, "366d";q=1099511627776;w=9223372037`; p.Field() != want {
+		t.Errorf("Field() = %s, want %s", p.Field(), want)
+	}
+	got := string(p.AppendRateLimit(nil, []hybridlimit.RuleState{{Rule: 0, Remaining: 0, ResetAfter: math.MaxInt64}}, 0))
+	if want := `"9223372036854ms";r=0;t=9223372037`; got != want {
+		t.Errorf("AppendRateLimit = %s, want %s", got, want)
+	}
+}

@@ -306,11 +306,12 @@ func (t *Table) FlushDone() { t.flushOnce.Do(func() { close(t.flushed) }) }
 // the windows holding now. The local view then serves State and the
 // decisions made while the store fails. The decision is counted in the
 // table's statistics when record is set. Observe does nothing for an
-// untracked key when the table is full.
-func (t *Table) Observe(key string, now int64, counts []Counts, allowed, record bool) {
+// untracked key when the table is full, and then reports false (the
+// caller counts the decision).
+func (t *Table) Observe(key string, now int64, counts []Counts, allowed, record bool) bool {
 	e := t.loadOrCreate(t.hash(key), key, now)
 	if e == nil {
-		return
+		return false
 	}
 	t.mu(e).Lock()
 	if !e.has(flagSealed) {
@@ -327,6 +328,7 @@ func (t *Table) Observe(key string, now int64, counts []Counts, allowed, record 
 			t.count(e).denied.Add(1)
 		}
 	}
+	return true
 }
 
 // observeLocked records the store's counts c of rule i at now. Call with

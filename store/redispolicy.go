@@ -47,7 +47,9 @@ return n
 // the block in force: until, strikes, reason.
 // Counts another program wrote saturate to 0 to MaxStrikes, as the Go
 // side reads them; an until past 2^63 is not a block, as it fails Go's
-// ParseInt. Checked arguments: base ≥ 1 ms, so the doubling ends.
+// ParseInt. Checked arguments: base ≥ 1 ms, so the doubling ends. Numbers
+// are written with %d: Lua's own conversion writes one of 15 digits or
+// more (an until from 10^14 ms on) in exponent form, which no reader parses.
 var escalateScript = redis.NewScript(prunePolicyLua + `
 local now, base, max, forget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local function count(n)
@@ -75,8 +77,8 @@ for _ = 2, strikes do
 end
 if d > max then d = max end
 local untl = now + d
-redis.call('HSET', KEYS[1], 'b:' .. ARGV[1], untl .. '|' .. strikes .. '|' .. ARGV[2])
-redis.call('HSET', KEYS[1], 's:' .. ARGV[1], (untl + forget) .. '|' .. strikes .. '|')
+redis.call('HSET', KEYS[1], 'b:' .. ARGV[1], string.format('%d|%d|', untl, strikes) .. ARGV[2])
+redis.call('HSET', KEYS[1], 's:' .. ARGV[1], string.format('%d|%d|', untl + forget, strikes))
 prune(now)
 redis.call('INCR', KEYS[2])
 return {untl, strikes, ARGV[2]}

@@ -151,3 +151,33 @@ func TestPolicyArgumentsChecked(t *testing.T) {
 		assert.Empty(t, ps, name)
 	}
 }
+
+// Escalate keeps a block's end exactly up to the largest now it accepts
+// (2^52 ms): in both stores the block and its strikes read back with the
+// end Escalate returned, in force until then, and the next ban after it
+// doubles. (Lua writes a number of 15 digits or more in exponent form
+// unless the script formats it as an integer.)
+func TestEscalateFarInstants(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := context.Background()
+	r, err := NewRedis(c, RedisOptions{})
+	require.NoError(t, err)
+	const base, maxBlock, forget = time.Minute, time.Hour, 24 * time.Hour
+	for _, now := range []int64{99_999_999_999_999, 100_000_000_000_000, maxPolicyMs - 2*int64(maxBlock/time.Millisecond) - int64(forget/time.Millisecond)} {
+		for name, s := range map[string]PolicyStore{"memory": NewMemory(nil), "redis": r} {
+			pfx := redistest.Prefix(t)
+			p, err := s.Escalate(ctx, pfx, "k", "r", now, base, maxBlock, forget)
+			require.NoError(t, err, "%s at %d", name, now)
+			assert.Equal(t, Policy{Kind: Block, Key: "k", Value: "r", Until: now + base.Milliseconds(), Strikes: 1}, p, "%s at %d", name, now)
+			_, ps, err := s.Policies(ctx, pfx)
+			require.NoError(t, err)
+			assert.Equal(t, []Policy{p}, ps, "%s at %d: the block as Policies reads it", name, now)
+			again, err := s.Escalate(ctx, pfx, "k", "r", p.Until-1, base, maxBlock, forget)
+			require.NoError(t, err)
+			assert.Equal(t, p, again, "%s at %d: in force until its end", name, now)
+			next, err := s.Escalate(ctx, pfx, "k", "r", p.Until, base, maxBlock, forget)
+			require.NoError(t, err)
+			assert.Equal(t, Policy{Kind: Block, Key: "k", Value: "r", Until: p.Until + 2*base.Milliseconds(), Strikes: 2}, next, "%s at %d: doubled", name, now)
+		}
+	}
+}

@@ -153,9 +153,12 @@ func (l *Loop) sendTouched(ctx context.Context, final bool) (result, int) {
 	return res, keys
 }
 
-// New returns a loop for cfg.
+// New returns a loop for cfg. Its Backoff is cfg.Rate until Run changes
+// it, also when Run never runs (the caller runs the cycles).
 func New(cfg Config) *Loop {
-	return &Loop{cfg: cfg}
+	l := &Loop{cfg: cfg}
+	l.stats.backoff.Store(int64(cfg.Rate))
+	return l
 }
 
 // Failing reports whether the last store call failed.
