@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261124030951-56fe6866ad92
+	github.com/hybridlimit/hybridlimit v0.0.0-20261124041917-cae2225a906e
 	github.com/stretchr/testify v1.12.1
 )
 
