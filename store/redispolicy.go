@@ -29,10 +29,10 @@ func policyKeys(prefix string) []string {
 // bumpPolicyLua sets KEYS[2], the version, to the server's time in µs or
 // to the version plus one, whichever is larger, and returns it. A version
 // at or past the time (one past 2^53, written by another program, among
-// them) is incremented by INCR, which counts it exactly. Scripts call TIME
-// before writing, which needs effects replication (the default from
-// Redis 5).
-const bumpPolicyLua = `
+// them) is incremented by INCR, which counts it exactly. A script that
+// reads TIME and then writes needs effects replication, the default from
+// Redis 5, which the first line asks of Redis 3.2 to 4 (as prelude does).
+const bumpPolicyLua = `if redis.replicate_commands then redis.replicate_commands() end
 local function bump()
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
