@@ -201,7 +201,10 @@ func (l *Limiter) checkPolicyKey(op, key string) error {
 // SetOverride puts key in the named tier ("" for Rules) on every node, for
 // ttl (0: until RemoveOverride), replacing any override of key. Other
 // nodes apply it within one sync period (see Config.Tiers); this node at
-// once. The key starts its new tier with the counts its counters there
+// once, or, when ctx ends or the store fails between storing the override
+// and reloading this node's policies, at its next check (the store's
+// error goes to Config.OnError): nil means the override is stored. The
+// key starts its new tier with the counts its counters there
 // already hold in the store (those it shares with its old tier, see
 // docs/policies.md); in ModeLocal, with no store, afresh.
 func (l *Limiter) SetOverride(ctx context.Context, key, tier string, ttl time.Duration) error {
@@ -222,18 +225,22 @@ func (l *Limiter) SetOverride(ctx context.Context, key, tier string, ttl time.Du
 	if err := st.PutPolicy(ctx, l.cfg.Prefix, store.Policy{Kind: store.Override, Key: key, Value: tier, Until: l.until(ttl)}, now); err != nil {
 		return err
 	}
-	return l.pol.reload(ctx, true)
+	l.applyPolicies(ctx)
+	return nil
 }
 
 // RemoveOverride removes key's override on every node, and reports whether
-// it had one.
+// it had one. This node applies it as SetOverride's.
 func (l *Limiter) RemoveOverride(ctx context.Context, key string) (bool, error) {
 	return l.deletePolicy(ctx, "RemoveOverride", store.Override, key)
 }
 
 // Block denies every request of key on every node for d (0: until
 // Unblock), with reason, replacing any block of key. Other nodes apply it
-// within one sync period; this node at once. A blocked key's requests are
+// within one sync period; this node at once, or, when ctx ends or the
+// store fails between storing the block and reloading this node's
+// policies, at its next check (the store's error goes to Config.OnError):
+// nil means the block is stored. A blocked key's requests are
 // denied before any rule counts them: Result.Blocked is set and RetryAfter
 // is the time left.
 func (l *Limiter) Block(ctx context.Context, key string, d time.Duration, reason string) error {
@@ -251,11 +258,12 @@ func (l *Limiter) Block(ctx context.Context, key string, d time.Duration, reason
 	if err := st.PutPolicy(ctx, l.cfg.Prefix, store.Policy{Kind: store.Block, Key: key, Value: reason, Until: l.until(d)}, now); err != nil {
 		return err
 	}
-	return l.pol.reload(ctx, true)
+	l.applyPolicies(ctx)
+	return nil
 }
 
 // Unblock lifts key's block on every node, and reports whether it had one.
-// The key's strikes (BanPolicy) are kept.
+// The key's strikes (BanPolicy) are kept. This node applies it as Block's.
 func (l *Limiter) Unblock(ctx context.Context, key string) (bool, error) {
 	return l.deletePolicy(ctx, "Unblock", store.Block, key)
 }
@@ -273,7 +281,22 @@ func (l *Limiter) deletePolicy(ctx context.Context, op string, kind store.Policy
 	if err != nil {
 		return false, err
 	}
-	return ok, l.pol.reload(ctx, true)
+	l.applyPolicies(ctx)
+	return ok, nil
+}
+
+// applyPolicies reloads this node's policies after a change it stored.
+// The change is made whatever happens here: when the reload fails (ctx
+// ended, or the store failed, which goes to OnError), the node reloads at
+// its next check. In ModeLocal, with no next check, the store is the
+// limiter's memory: the reload ignores ctx's end and cannot fail.
+func (l *Limiter) applyPolicies(ctx context.Context) {
+	if l.cfg.Mode == ModeLocal {
+		ctx = context.WithoutCancel(ctx)
+	}
+	if err := l.pol.reload(ctx, true); err != nil && ctx.Err() == nil && l.loop != nil {
+		l.loop.ReportError(err)
+	}
 }
 
 // Overrides returns the overrides in force, by key, as the store holds

@@ -107,7 +107,13 @@ type PolicyStore interface {
 	// returns the block in force.
 	Escalate(ctx context.Context, prefix, key, reason string, now int64, base, max, forget time.Duration) (Policy, error)
 	// PolicyVersion returns the version of prefix's policies; every
-	// change makes it larger.
+	// change makes it larger. A version never repeats across a loss of
+	// the store's data (a restart without persistence, a flush): a change
+	// after it gets a version above every version handed out before, so
+	// that a node holding one reloads. Memory and Redis take the store's
+	// clock in µs as the version, or the version plus one if that is
+	// larger: this holds while changes are at least a µs apart on average
+	// and the store's clock does not step back across the loss.
 	PolicyVersion(ctx context.Context, prefix string) (uint64, error)
 	// Policies returns prefix's policies (some may have ended) and the
 	// version they are at.
@@ -167,7 +173,7 @@ func (s *Memory) PutPolicy(ctx context.Context, prefix string, p Policy, now int
 	h := s.policyHash(prefix)
 	h[policyField(p.Kind, p.Key)] = policyValue(&p)
 	prunePolicies(h, now)
-	s.polVer[prefix]++
+	s.bumpPolicies(prefix)
 	return nil
 }
 
@@ -183,7 +189,7 @@ func (s *Memory) DeletePolicy(ctx context.Context, prefix string, kind PolicyKin
 	_, ok := h[f]
 	if ok {
 		delete(h, f)
-		s.polVer[prefix]++
+		s.bumpPolicies(prefix)
 	}
 	return ok, nil
 }
@@ -213,7 +219,7 @@ func (s *Memory) Escalate(ctx context.Context, prefix, key, reason string, now i
 	h[policyField(Block, key)] = policyValue(&p)
 	h["s:"+key] = strconv.FormatInt(p.Until+forget.Milliseconds(), 10) + "|" + strconv.Itoa(p.Strikes) + "|"
 	prunePolicies(h, now)
-	s.polVer[prefix]++
+	s.bumpPolicies(prefix)
 	return p, nil
 }
 
@@ -241,6 +247,17 @@ func (s *Memory) Policies(ctx context.Context, prefix string) (uint64, []Policy,
 		}
 	}
 	return s.polVer[prefix], ps, nil
+}
+
+// bumpPolicies changes prefix's version as the Redis store does: to the
+// store's clock in µs, or to the version plus one if that is larger. Call
+// with s.mu held.
+func (s *Memory) bumpPolicies(prefix string) {
+	v := s.polVer[prefix] + 1
+	if now := s.clock.Now().UnixMicro(); now > 0 && uint64(now) > v {
+		v = uint64(now)
+	}
+	s.polVer[prefix] = v
 }
 
 // policyHash returns prefix's policies. Call with s.mu held.

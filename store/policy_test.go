@@ -2,10 +2,12 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -128,4 +130,77 @@ func runTags(t *testing.T, open func(t *testing.T) (store.TagStore, string)) {
 	got, err = s.Tags(ctx, pfx, "other", 10)
 	require.NoError(t, err)
 	assert.Empty(t, got)
+}
+
+// A Redis server restarted without persistence, or flushed, loses the
+// policies and their version (deleting the prefix's keys does the same to
+// them): the versions handed out afterwards are above every version handed
+// out before, so that a node that cached one of those reloads.
+func TestRedisPolicyVersionAfterLoss(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	s, pfx := storetest.Redis(t, c), redistest.Prefix(t)
+	for i := range 3 {
+		require.NoError(t, s.PutPolicy(ctx, pfx, store.Policy{Kind: store.Block, Key: fmt.Sprint(i)}, future))
+	}
+	before, err := s.PolicyVersion(ctx, pfx)
+	require.NoError(t, err)
+	keys, err := c.Keys(ctx, pfx+"*").Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, keys)
+	require.NoError(t, c.Del(ctx, keys...).Err())
+	for i := range 3 {
+		require.NoError(t, s.PutPolicy(ctx, pfx, store.Policy{Kind: store.Block, Key: "new"}, future))
+		v, _, err := s.Policies(ctx, pfx)
+		require.NoError(t, err)
+		assert.Greater(t, v, before, "change %d after the loss", i)
+		before = v
+	}
+}
+
+// A Memory store keeps the same contract: a new store (the data of the
+// old one lost), once its clock has moved on, hands out versions above the
+// old store's.
+func TestMemoryPolicyVersionAfterLoss(t *testing.T) {
+	ctx := context.Background()
+	mock := clock.NewMock()
+	mock.Set(time.UnixMilli(future))
+	old := store.NewMemory(mock)
+	for i := range 3 {
+		require.NoError(t, old.PutPolicy(ctx, "hl", store.Policy{Kind: store.Block, Key: fmt.Sprint(i)}, future))
+	}
+	before, err := old.PolicyVersion(ctx, "hl")
+	require.NoError(t, err)
+	mock.Add(time.Millisecond)
+	s := store.NewMemory(mock)
+	ok, err := s.DeletePolicy(ctx, "hl", store.Block, "0")
+	require.NoError(t, err)
+	require.False(t, ok)
+	v, err := s.PolicyVersion(ctx, "hl")
+	require.NoError(t, err)
+	assert.Zero(t, v, "no change yet")
+	_, err = s.Escalate(ctx, "hl", "k", "r", future, time.Second, time.Minute, time.Hour)
+	require.NoError(t, err)
+	v, _, err = s.Policies(ctx, "hl")
+	require.NoError(t, err)
+	assert.Greater(t, v, before)
+}
+
+// A version another program wrote past 2^53, where the scripts' numbers
+// are no longer exact, still grows by one per change.
+func TestRedisPolicyVersionPast2p53(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	s, pfx := storetest.Redis(t, c), redistest.Prefix(t)
+	require.NoError(t, c.Set(ctx, pfx+":polv:{"+pfx+"}", "9007199254740993", 0).Err())
+	require.NoError(t, s.PutPolicy(ctx, pfx, store.Policy{Kind: store.Block, Key: "k"}, future))
+	v, err := s.PolicyVersion(ctx, pfx)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(9007199254740994), v)
+	ok, err := s.DeletePolicy(ctx, pfx, store.Block, "k")
+	require.NoError(t, err)
+	require.True(t, ok)
+	v, err = s.PolicyVersion(ctx, pfx)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(9007199254740995), v)
 }

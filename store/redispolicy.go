@@ -13,10 +13,37 @@ import (
 // A prefix's policies are one hash and a version counter, both in the hash
 // slot of the prefix (so that one script changes both, also in a Redis
 // Cluster): "<prefix>:pol:{<prefix>}" and "<prefix>:polv:{<prefix>}".
+//
+// A change sets the version to the server's TIME in µs, or to the version
+// plus one if that is larger (changes less than a µs apart). A server
+// runs one script at a time, each longer than a µs, so a version is never
+// above its change's instant: after the counter is lost (a restart
+// without persistence, a flush), the next change's version is above every
+// version handed out before, where a plain INCR would start again from 1
+// and repeat versions that nodes still hold.
 
 func policyKeys(prefix string) []string {
 	return []string{prefix + ":pol:{" + prefix + "}", prefix + ":polv:{" + prefix + "}"}
 }
+
+// bumpPolicyLua sets KEYS[2], the version, to the server's time in µs or
+// to the version plus one, whichever is larger, and returns it. A version
+// at or past the time (one past 2^53, written by another program, among
+// them) is incremented by INCR, which counts it exactly. A script that
+// reads TIME and then writes needs effects replication, the default from
+// Redis 5, which the first line asks of Redis 3.2 to 4 (as prelude does).
+const bumpPolicyLua = `if redis.replicate_commands then redis.replicate_commands() end
+local function bump()
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local cur = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if cur and cur < now then
+    redis.call('SET', KEYS[2], string.format('%d', now))
+    return now
+  end
+  return redis.call('INCR', KEYS[2])
+end
+`
 
 // prunePolicyLua removes the fields of KEYS[1] that ended before now.
 const prunePolicyLua = `
@@ -30,16 +57,16 @@ end
 `
 
 // putPolicyScript: ARGV field, value, now (ms). Returns the new version.
-var putPolicyScript = redis.NewScript(prunePolicyLua + `
+var putPolicyScript = redis.NewScript(bumpPolicyLua + prunePolicyLua + `
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 prune(tonumber(ARGV[3]))
-return redis.call('INCR', KEYS[2])
+return bump()
 `)
 
 // deletePolicyScript: ARGV field. Returns 1 if it was there.
-var deletePolicyScript = redis.NewScript(`
+var deletePolicyScript = redis.NewScript(bumpPolicyLua + `
 local n = redis.call('HDEL', KEYS[1], ARGV[1])
-if n > 0 then redis.call('INCR', KEYS[2]) end
+if n > 0 then bump() end
 return n
 `)
 
@@ -50,7 +77,7 @@ return n
 // ParseInt. Checked arguments: base ≥ 1 ms, so the doubling ends. Numbers
 // are written with %d: Lua's own conversion writes one of 15 digits or
 // more (an until from 10^14 ms on) in exponent form, which no reader parses.
-var escalateScript = redis.NewScript(prunePolicyLua + `
+var escalateScript = redis.NewScript(bumpPolicyLua + prunePolicyLua + `
 local now, base, max, forget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local function count(n)
   n = tonumber(n)
@@ -80,7 +107,7 @@ local untl = now + d
 redis.call('HSET', KEYS[1], 'b:' .. ARGV[1], string.format('%d|%d|', untl, strikes) .. ARGV[2])
 redis.call('HSET', KEYS[1], 's:' .. ARGV[1], string.format('%d|%d|', untl + forget, strikes))
 prune(now)
-redis.call('INCR', KEYS[2])
+bump()
 return {untl, strikes, ARGV[2]}
 `)
 
