@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261124041917-cae2225a906e
+	github.com/hybridlimit/hybridlimit v0.0.0-20261124045527-f0b8bde07b6b
 	github.com/stretchr/testify v1.12.1
 )
 
