@@ -254,7 +254,7 @@ func (l *Limiter) State(ctx context.Context, key string, dst []RuleState) ([]Rul
 // TierState is State for the rules of the named tier ("" for
 // Config.Rules), whatever tier key is in now. With Result.Tier it
 // describes the rules a decision was made by, also when SetOverride,
-// ClearOverride or Config.TierOf moved the key to another tier since: the
+// RemoveOverride or Config.TierOf moved the key to another tier since: the
 // per-rule response headers of a decision then match its Result. A name
 // that is not a tier gives an error wrapping ErrUnknownTier.
 func (l *Limiter) TierState(ctx context.Context, key, tier string, dst []RuleState) ([]RuleState, error) {
