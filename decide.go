@@ -112,7 +112,7 @@ func (l *Limiter) allowRouted(ctx context.Context, key string, n int64) (Result,
 		return l.sync.decide(ctx, t, key, n, false)
 	}
 	if l.cfg.FailurePolicy == FailClosed && l.loop != nil && l.loop.Failing() && l.loop.KeyFailing(key) {
-		return l.failClosed(t), nil
+		return l.failClosed(t, true), nil
 	}
 	now := l.clock.now()
 	if i, rem, reset := t.table.Allow1(key, n, now); i >= 0 {
@@ -306,10 +306,13 @@ func (l *Limiter) untracked(t *tier, n int64) Result {
 	return res
 }
 
-// failClosed denies a request while the store fails, under FailClosed.
-func (l *Limiter) failClosed(t *tier) Result {
-	l.degraded.Add(1)
-	l.untrackedDenied.Add(1)
+// failClosed denies a request while the store fails, under FailClosed;
+// count counts the denial in Stats (a decision does, a Peek does not).
+func (l *Limiter) failClosed(t *tier, count bool) Result {
+	if count {
+		l.degraded.Add(1)
+		l.untrackedDenied.Add(1)
+	}
 	res := t.fresh()
 	res.Allowed, res.Degraded, res.Remaining = false, true, 0
 	res.RetryAfter = l.loop.Backoff()

@@ -10,8 +10,8 @@ type Stats struct {
 	Allowed, Denied uint64
 	// Blocked counts the denials of blocked keys (Denied includes them).
 	Blocked uint64
-	// Degraded counts decisions made by the FailurePolicy because the store
-	// failed.
+	// Degraded counts decisions (Peek excluded) made by the FailurePolicy
+	// because the store failed.
 	Degraded uint64
 	// Overflow counts decisions on new keys while the table held MaxKeys.
 	Overflow uint64
