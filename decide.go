@@ -170,6 +170,9 @@ func (l *Limiter) PeekN(ctx context.Context, key string, n int64) (Result, error
 	if l.sync != nil {
 		return l.sync.decide(ctx, t, key, n, true)
 	}
+	if l.cfg.FailurePolicy == FailClosed && l.loop != nil && l.loop.Failing() && l.loop.KeyFailing(key) {
+		return l.failClosed(t, false), nil
+	}
 	return t.result(t.table.Peek(key, n, l.clock.now())), nil
 }
 

@@ -50,3 +50,24 @@ func TestSynchronousDegradedCountsDecisionsOnce(t *testing.T) {
 		assert.Equal(t, uint64(2), st.SyncErrors, "%v: SyncErrors: two failed store calls", fp)
 	}
 }
+
+// In ModeAsync under FailClosed, while the store fails, Peek answers as
+// Allow would: denied and degraded, without counting in Stats.
+func TestAsyncFailClosedPeekAgreesWithAllow(t *testing.T) {
+	ctx := context.Background()
+	l, f := newFlaky(t, ModeAsync, FailClosed)
+	_, err := l.Allow(ctx, "a")
+	require.NoError(t, err)
+	f.down.Store(true)
+	require.Error(t, l.Sync(ctx))
+	before := l.Stats()
+	peek, err := l.Peek(ctx, "a")
+	require.NoError(t, err)
+	after := l.Stats()
+	assert.Equal(t, [3]uint64{before.Allowed, before.Denied, before.Degraded}, [3]uint64{after.Allowed, after.Denied, after.Degraded}, "a Peek counts nothing")
+	res, err := l.Allow(ctx, "a")
+	require.NoError(t, err)
+	assert.False(t, res.Allowed)
+	assert.True(t, res.Degraded)
+	assert.Equal(t, res, peek, "Peek and Allow")
+}
