@@ -184,12 +184,17 @@ func (l *Limiter) Wait(ctx context.Context, key string) (Result, error) {
 // WaitN blocks until a request of cost n for key is admitted, and consumes
 // it; for a LeakyBucket rule it then waits the request's Delay, its turn in
 // the queue. It returns an error, without waiting, if ctx's deadline comes
-// before the request could be admitted, and ctx's error if ctx is done
-// while waiting. Time is measured on the configured Clock.
+// before the request could be admitted or, once admitted, before its Delay
+// ends (its turn in the queue stays taken: Result.Allowed is set), and
+// ctx's error if ctx is done while waiting. Time is measured on the
+// configured Clock.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error) {
 	for {
 		res, err := l.AllowN(ctx, key, n)
 		if err == nil && res.Allowed && res.Delay > 0 {
+			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < res.Delay {
+				return res, fmt.Errorf("hybridlimit: WaitN(n=%d) was admitted with a delay of %v, past the context deadline", n, res.Delay)
+			}
 			return res, l.sleep(ctx, res.Delay)
 		}
 		if err != nil || res.Allowed {
