@@ -173,7 +173,15 @@ func (l *Limiter) PeekN(ctx context.Context, key string, n int64) (Result, error
 	if l.cfg.FailurePolicy == FailClosed && l.loop != nil && l.loop.Failing() && l.loop.KeyFailing(key) {
 		return l.failClosed(t, false), nil
 	}
-	return t.result(t.table.Peek(key, n, l.clock.now())), nil
+	now := l.clock.now()
+	if t.table.Len() >= l.cfg.MaxKeys {
+		// A new key would not be tracked: answer as untracked does.
+		var v [MaxRules]local.Counts
+		if !t.table.View(key, now, n, v[:len(t.rules)]) {
+			return l.untrackedResult(t), nil
+		}
+	}
+	return t.result(t.table.Peek(key, n, now)), nil
 }
 
 // Wait is WaitN(ctx, key, 1).
@@ -302,15 +310,25 @@ func (e *inputError) Unwrap() error { return e.kind }
 // FailClosed denies it.
 func (l *Limiter) untracked(t *tier, n int64) Result {
 	l.overflow.Add(1)
-	res := t.fresh()
-	res.Degraded = true
-	if l.cfg.FailurePolicy == FailClosed {
+	res := l.untrackedResult(t)
+	if !res.Allowed {
 		l.untrackedDenied.Add(1)
-		res.Allowed, res.RetryAfter = false, time.Second
 		return res
 	}
 	l.untrackedAllowed.Add(1)
 	res.Remaining -= n
+	return res
+}
+
+// untrackedResult is the answer for a new key of t while the table is
+// full, before its cost is counted: admitted under FailOpen, denied under
+// FailClosed, degraded either way.
+func (l *Limiter) untrackedResult(t *tier) Result {
+	res := t.fresh()
+	res.Degraded = true
+	if l.cfg.FailurePolicy == FailClosed {
+		res.Allowed, res.RetryAfter = false, time.Second
+	}
 	return res
 }
 
