@@ -150,8 +150,9 @@ type Config struct {
 	// Rules are the limits enforced on every key: a request is admitted
 	// only when every rule admits it. 1 to MaxRules rules, no two that
 	// count alike (such as a Sliding and a Fixed rule of one Window, or a
-	// TokenBucket and a LeakyBucket of one rate and burst). Rules is the
-	// default tier, named "".
+	// TokenBucket and a LeakyBucket of one rate and burst, rates compared
+	// as the store keeps them: Window/Limit rounded up to a whole
+	// microsecond). Rules is the default tier, named "".
 	Rules []Rule
 
 	// Tiers are further named sets of rules, each validated as Rules is,
