@@ -249,10 +249,12 @@ type Config struct {
 	// background loop or from a synchronous decision. It must not block.
 	OnError func(error)
 
-	// OnSync, if set, is called after every sync cycle that reached out to
-	// the store, with the round trip's duration, the counter operations it
-	// carried and its error (nil on success). Use it for latency
-	// histograms. It runs on the sync loop and must not block.
+	// OnSync, if set, is called after every push of a sync cycle (a cycle
+	// pushes each tier's keys, 4096 at most, in a round trip of their
+	// own), with the round trip's duration, the counter operations it
+	// carried and its error (nil on success); not after the probes of a
+	// failing store. Use it for latency histograms. It runs on the sync
+	// loop and must not block.
 	OnSync func(latency time.Duration, ops int, err error)
 
 	// Logger, if set, receives store errors and sync cycles slower than

@@ -80,7 +80,7 @@ func NewCollector(opts Options) *Collector {
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace:   ns,
 			Name:        "sync_duration_seconds",
-			Help:        "Round-trip time of sync cycles to the store, by result (ok or error).",
+			Help:        "Round-trip time of sync pushes to the store (one per tier and 4096 keys of a cycle), by result (ok or error).",
 			Buckets:     buckets,
 			ConstLabels: opts.ConstLabels,
 		}, []string{"result"}),
@@ -102,7 +102,7 @@ func NewCollector(opts Options) *Collector {
 	c.errors = d("store_errors_total", "Store errors: failed sync pushes, probes and clock reads, synchronous decisions the store did not decide, failed policy reloads.")
 	c.calls = d("store_calls_total", "Round trips to the store: sync pushes, probes, clock reads and batches of synchronous decisions.")
 	c.pushed = d("sync_ops_total", "Counter operations the store applied for sync cycles.")
-	c.lastLatency = d("last_sync_duration_seconds", "Round-trip time of the last successful sync cycle.")
+	c.lastLatency = d("last_sync_duration_seconds", "Round-trip time of the last successful sync push.")
 	c.failing = d("store_failing", "1 when the last store call failed, 0 otherwise.")
 	c.offset = d("clock_offset_seconds", "The store's clock minus this node's clock, as last measured.")
 	c.period = d("sync_period_seconds", "Time between the starts of the last two sync cycles: the configured SyncRate while the loop keeps up, more when it lags or backs off.")
@@ -115,7 +115,7 @@ func NewCollector(opts Options) *Collector {
 // SetLimiter sets the limiter whose Stats the collector exports.
 func (c *Collector) SetLimiter(l *hybridlimit.Limiter) { c.l.Store(l) }
 
-// ObserveSync records one sync cycle in the latency histogram. Its
+// ObserveSync records one push of a sync cycle in the latency histogram. Its
 // signature is Config.OnSync's: assign it there. It does not block.
 func (c *Collector) ObserveSync(latency time.Duration, ops int, err error) {
 	if err != nil {
