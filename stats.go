@@ -31,8 +31,9 @@ type Stats struct {
 	// the store took it or not; a cycle with nothing to send, which at
 	// most probes a failing store, is not counted. SyncErrors counts the
 	// store errors met: failed sync pushes, probes and clock reads, each
-	// synchronous decision the store did not decide, and failed policy
-	// reloads and changes (overrides, blocks, bans) outside Sync.
+	// synchronous decision or Peek the store did not decide, and failed
+	// policy reloads, tag updates and ban escalations (those of Sync are
+	// returned by Sync instead).
 	SyncCycles, SyncErrors uint64
 	// StoreCalls counts round trips to the store: sync pushes, probes,
 	// clock reads and batches of synchronous decisions (policy reads and
