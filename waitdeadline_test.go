@@ -24,13 +24,13 @@ func TestWaitNDeadlineBeforeProceeding(t *testing.T) {
 			_, err := l.Allow(ctx, "k")
 			require.NoError(t, err)
 		}
+		// The mock clock stands still: a WaitN that waits returns
+		// ctx's error when the deadline comes.
 		dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		start := time.Now()
 		res, err := l.WaitN(dctx, "k", 1)
-		took := time.Since(start)
 		cancel()
 		assert.ErrorContains(t, err, "past the context deadline", "%v", r)
-		assert.Less(t, took, 100*time.Millisecond, "%v: WaitN waited for the deadline", r)
+		assert.NotErrorIs(t, err, context.DeadlineExceeded, "%v: WaitN waited for the deadline", r)
 		assert.Equal(t, r.Type == LeakyBucket, res.Allowed, "%v", r)
 	}
 }
