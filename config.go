@@ -150,8 +150,9 @@ type Config struct {
 	// Rules are the limits enforced on every key: a request is admitted
 	// only when every rule admits it. 1 to MaxRules rules, no two that
 	// count alike (such as a Sliding and a Fixed rule of one Window, or a
-	// TokenBucket and a LeakyBucket of one rate and burst). Rules is the
-	// default tier, named "".
+	// TokenBucket and a LeakyBucket of one rate and burst, rates compared
+	// as the store keeps them: Window/Limit rounded up to a whole
+	// microsecond). Rules is the default tier, named "".
 	Rules []Rule
 
 	// Tiers are further named sets of rules, each validated as Rules is,
@@ -248,10 +249,12 @@ type Config struct {
 	// background loop or from a synchronous decision. It must not block.
 	OnError func(error)
 
-	// OnSync, if set, is called after every sync cycle that reached out to
-	// the store, with the round trip's duration, the counter operations it
-	// carried and its error (nil on success). Use it for latency
-	// histograms. It runs on the sync loop and must not block.
+	// OnSync, if set, is called after every push of a sync cycle (a cycle
+	// pushes each tier's keys, 4096 at most, in a round trip of their
+	// own), with the round trip's duration, the counter operations it
+	// carried and its error (nil on success); not after the probes of a
+	// failing store. Use it for latency histograms. It runs on the sync
+	// loop and must not block.
 	OnSync func(latency time.Duration, ops int, err error)
 
 	// Logger, if set, receives store errors and sync cycles slower than

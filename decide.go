@@ -112,7 +112,7 @@ func (l *Limiter) allowRouted(ctx context.Context, key string, n int64) (Result,
 		return l.sync.decide(ctx, t, key, n, false)
 	}
 	if l.cfg.FailurePolicy == FailClosed && l.loop != nil && l.loop.Failing() && l.loop.KeyFailing(key) {
-		return l.failClosed(t), nil
+		return l.failClosed(t, true), nil
 	}
 	now := l.clock.now()
 	if i, rem, reset := t.table.Allow1(key, n, now); i >= 0 {
@@ -170,7 +170,18 @@ func (l *Limiter) PeekN(ctx context.Context, key string, n int64) (Result, error
 	if l.sync != nil {
 		return l.sync.decide(ctx, t, key, n, true)
 	}
-	return t.result(t.table.Peek(key, n, l.clock.now())), nil
+	if l.cfg.FailurePolicy == FailClosed && l.loop != nil && l.loop.Failing() && l.loop.KeyFailing(key) {
+		return l.failClosed(t, false), nil
+	}
+	now := l.clock.now()
+	if t.table.Len() >= l.cfg.MaxKeys {
+		// A new key would not be tracked: answer as untracked does.
+		var v [MaxRules]local.Counts
+		if !t.table.View(key, now, n, v[:len(t.rules)]) {
+			return l.untrackedResult(t), nil
+		}
+	}
+	return t.result(t.table.Peek(key, n, now)), nil
 }
 
 // Wait is WaitN(ctx, key, 1).
@@ -181,12 +192,17 @@ func (l *Limiter) Wait(ctx context.Context, key string) (Result, error) {
 // WaitN blocks until a request of cost n for key is admitted, and consumes
 // it; for a LeakyBucket rule it then waits the request's Delay, its turn in
 // the queue. It returns an error, without waiting, if ctx's deadline comes
-// before the request could be admitted, and ctx's error if ctx is done
-// while waiting. Time is measured on the configured Clock.
+// before the request could be admitted or, once admitted, before its Delay
+// ends (its turn in the queue stays taken: Result.Allowed is set), and
+// ctx's error if ctx is done while waiting. Time is measured on the
+// configured Clock.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error) {
 	for {
 		res, err := l.AllowN(ctx, key, n)
 		if err == nil && res.Allowed && res.Delay > 0 {
+			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < res.Delay {
+				return res, fmt.Errorf("hybridlimit: WaitN(n=%d) was admitted with a delay of %v, past the context deadline", n, res.Delay)
+			}
 			return res, l.sleep(ctx, res.Delay)
 		}
 		if err != nil || res.Allowed {
@@ -294,11 +310,9 @@ func (e *inputError) Unwrap() error { return e.kind }
 // FailClosed denies it.
 func (l *Limiter) untracked(t *tier, n int64) Result {
 	l.overflow.Add(1)
-	res := t.fresh()
-	res.Degraded = true
-	if l.cfg.FailurePolicy == FailClosed {
+	res := l.untrackedResult(t)
+	if !res.Allowed {
 		l.untrackedDenied.Add(1)
-		res.Allowed, res.RetryAfter = false, time.Second
 		return res
 	}
 	l.untrackedAllowed.Add(1)
@@ -306,10 +320,25 @@ func (l *Limiter) untracked(t *tier, n int64) Result {
 	return res
 }
 
-// failClosed denies a request while the store fails, under FailClosed.
-func (l *Limiter) failClosed(t *tier) Result {
-	l.degraded.Add(1)
-	l.untrackedDenied.Add(1)
+// untrackedResult is the answer for a new key of t while the table is
+// full, before its cost is counted: admitted under FailOpen, denied under
+// FailClosed, degraded either way.
+func (l *Limiter) untrackedResult(t *tier) Result {
+	res := t.fresh()
+	res.Degraded = true
+	if l.cfg.FailurePolicy == FailClosed {
+		res.Allowed, res.RetryAfter = false, time.Second
+	}
+	return res
+}
+
+// failClosed denies a request while the store fails, under FailClosed;
+// count counts the denial in Stats (a decision does, a Peek does not).
+func (l *Limiter) failClosed(t *tier, count bool) Result {
+	if count {
+		l.degraded.Add(1)
+		l.untrackedDenied.Add(1)
+	}
 	res := t.fresh()
 	res.Allowed, res.Degraded, res.Remaining = false, true, 0
 	res.RetryAfter = l.loop.Backoff()

@@ -10,8 +10,8 @@ type Stats struct {
 	Allowed, Denied uint64
 	// Blocked counts the denials of blocked keys (Denied includes them).
 	Blocked uint64
-	// Degraded counts decisions made by the FailurePolicy because the store
-	// failed.
+	// Degraded counts decisions (Peek excluded) made by the FailurePolicy
+	// because the store failed.
 	Degraded uint64
 	// Overflow counts decisions on new keys while the table held MaxKeys.
 	Overflow uint64
@@ -26,15 +26,21 @@ type Stats struct {
 	// for several windows (it was unreachable, or the sync loop lagged that
 	// far behind).
 	Dropped uint64
-	// SyncCycles counts sync cycles that had something to send, and
-	// SyncErrors the store calls that failed (cycles, clock reads and
-	// synchronous decisions).
+	// SyncCycles counts sync cycles that had something to send (this
+	// node's increments, or recently decided keys to read again), whether
+	// the store took it or not; a cycle with nothing to send, which at
+	// most probes a failing store, is not counted. SyncErrors counts the
+	// store errors met: failed sync pushes, probes and clock reads, each
+	// synchronous decision or Peek the store did not decide, and failed
+	// policy reloads, tag updates and ban escalations (those of Sync are
+	// returned by Sync instead).
 	SyncCycles, SyncErrors uint64
-	// StoreCalls counts round trips to the store: sync pushes, clock reads
-	// and batches of synchronous decisions.
+	// StoreCalls counts round trips to the store: sync pushes, probes,
+	// clock reads and batches of synchronous decisions (policy reads and
+	// changes are not counted).
 	StoreCalls uint64
-	// KeysPushed counts counter operations the store applied for sync
-	// cycles.
+	// KeysPushed counts counter operations (increments, and reads of
+	// counters) the store applied for sync cycles.
 	KeysPushed uint64
 	// LastSyncLatency is the round trip of the last successful push.
 	LastSyncLatency time.Duration

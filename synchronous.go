@@ -95,10 +95,12 @@ func (s *synchronous) decide(ctx context.Context, t *tier, key string, n int64, 
 	s.do(c)
 	req := &c.req
 	if req.Status != store.Applied {
-		l.degraded.Add(1)
 		l.loop.ReportError(req.Err)
 		if l.cfg.FailurePolicy == FailClosed {
-			return l.failClosed(t), nil
+			return l.failClosed(t, !peek), nil
+		}
+		if !peek {
+			l.degraded.Add(1)
 		}
 		var res Result
 		var err error

@@ -218,8 +218,9 @@ func (r Rule) refillsInMaxWindow() bool {
 
 // sameCounters reports whether rules a and b would count in the same
 // store keys: two window rules with the same window, two Bucketed rules
-// with the same buckets, two bucket rules with the same rate and burst, or
-// two Log rules with the same window.
+// with the same buckets, two bucket rules with the same emission interval
+// as the store keeps it (whole microseconds, rounded up) and the same
+// burst, or two Log rules with the same window.
 func sameCounters(a, b Rule) bool {
 	switch {
 	case a.Type <= Fixed && b.Type <= Fixed:
@@ -229,7 +230,8 @@ func sameCounters(a, b Rule) bool {
 	case a.Type == Log && b.Type == Log:
 		return a.Window == b.Window
 	case (a.Type == TokenBucket || a.Type == LeakyBucket) && (b.Type == TokenBucket || b.Type == LeakyBucket):
-		return a.Window/time.Duration(a.Limit) == b.Window/time.Duration(b.Limit) && a.burst() == b.burst()
+		ra, rb := local.NewRule(a.spec()), local.NewRule(b.spec())
+		return ra.Interval() == rb.Interval() && a.burst() == b.burst()
 	}
 	return false
 }

@@ -80,7 +80,7 @@ func NewCollector(opts Options) *Collector {
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace:   ns,
 			Name:        "sync_duration_seconds",
-			Help:        "Round-trip time of sync cycles to the store, by result (ok or error).",
+			Help:        "Round-trip time of sync pushes to the store (one per tier and 4096 keys of a cycle), by result (ok or error).",
 			Buckets:     buckets,
 			ConstLabels: opts.ConstLabels,
 		}, []string{"result"}),
@@ -91,18 +91,18 @@ func NewCollector(opts Options) *Collector {
 		return prometheus.NewDesc(prometheus.BuildFQName(ns, "", name), help, labels, opts.ConstLabels)
 	}
 	c.decisions = d("decisions_total", "Decisions made (Peek excluded), by decision (allowed or denied).", "decision")
-	c.degraded = d("degraded_decisions_total", "Decisions made by the failure policy because the store failed.")
+	c.degraded = d("degraded_decisions_total", "Decisions (Peek excluded) made by the failure policy because the store failed.")
 	c.overflow = d("overflow_decisions_total", "Decisions on new keys while the key table was full (MaxKeys).")
 	c.blocked = d("blocked_decisions_total", "Denials of blocked keys (Limiter.Block, Config.Ban); decisions_total counts them as denied too.")
 	c.keys = d("keys", "Keys tracked in the local table.")
 	c.evicted = d("evicted_keys_total", "Keys removed from the local table after being idle.")
 	c.pending = d("pending_increments", "Increments admitted locally and not yet acknowledged by the store.")
-	c.dropped = d("dropped_increments_total", "Increments discarded unpushed because their window was over.")
-	c.cycles = d("sync_cycles_total", "Sync cycles that reached out to the store, successful or not.")
-	c.errors = d("store_errors_total", "Failed store calls: sync cycles, clock reads and synchronous decisions.")
-	c.calls = d("store_calls_total", "Round trips to the store: sync cycles, clock reads and batches of synchronous decisions.")
-	c.pushed = d("sync_ops_total", "Counter operations sent to the store by sync cycles.")
-	c.lastLatency = d("last_sync_duration_seconds", "Round-trip time of the last successful sync cycle.")
+	c.dropped = d("dropped_increments_total", "Increments discarded unpushed because their window could no longer influence a decision and the store had not taken them.")
+	c.cycles = d("sync_cycles_total", "Sync cycles that had something to send, whether the store took it or not.")
+	c.errors = d("store_errors_total", "Store errors: failed sync pushes, probes and clock reads, synchronous decisions the store did not decide, failed policy reloads.")
+	c.calls = d("store_calls_total", "Round trips to the store: sync pushes, probes, clock reads and batches of synchronous decisions.")
+	c.pushed = d("sync_ops_total", "Counter operations the store applied for sync cycles.")
+	c.lastLatency = d("last_sync_duration_seconds", "Round-trip time of the last successful sync push.")
 	c.failing = d("store_failing", "1 when the last store call failed, 0 otherwise.")
 	c.offset = d("clock_offset_seconds", "The store's clock minus this node's clock, as last measured.")
 	c.period = d("sync_period_seconds", "Time between the starts of the last two sync cycles: the configured SyncRate while the loop keeps up, more when it lags or backs off.")
@@ -115,7 +115,7 @@ func NewCollector(opts Options) *Collector {
 // SetLimiter sets the limiter whose Stats the collector exports.
 func (c *Collector) SetLimiter(l *hybridlimit.Limiter) { c.l.Store(l) }
 
-// ObserveSync records one sync cycle in the latency histogram. Its
+// ObserveSync records one push of a sync cycle in the latency histogram. Its
 // signature is Config.OnSync's: assign it there. It does not block.
 func (c *Collector) ObserveSync(latency time.Duration, ops int, err error) {
 	if err != nil {

@@ -56,7 +56,7 @@ hybridlimit_keys{limiter="api"} 2
 # HELP hybridlimit_pending_increments Increments admitted locally and not yet acknowledged by the store.
 # TYPE hybridlimit_pending_increments gauge
 hybridlimit_pending_increments{limiter="api"} 3
-# HELP hybridlimit_sync_cycles_total Sync cycles that reached out to the store, successful or not.
+# HELP hybridlimit_sync_cycles_total Sync cycles that had something to send, whether the store took it or not.
 # TYPE hybridlimit_sync_cycles_total counter
 hybridlimit_sync_cycles_total{limiter="api"} 0
 # HELP hybridlimit_store_failing 1 when the last store call failed, 0 otherwise.
