@@ -194,9 +194,13 @@ func (l *Limiter) Wait(ctx context.Context, key string) (Result, error) {
 // the queue. It returns an error, without waiting, if ctx's deadline comes
 // before the request could be admitted or, once admitted, before its Delay
 // ends (its turn in the queue stays taken: Result.Allowed is set), and
-// ctx's error if ctx is done while waiting. Time is measured on the
-// configured Clock.
+// ctx's error if ctx is done while waiting, or at once, consuming
+// nothing, if ctx is done already. Time is measured on the configured
+// Clock.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error) {
+	if err := ctx.Err(); err != nil {
+		return Result{Rule: -1}, err
+	}
 	for {
 		res, err := l.AllowN(ctx, key, n)
 		if err == nil && res.Allowed && res.Delay > 0 {
