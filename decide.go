@@ -111,7 +111,7 @@ func (l *Limiter) allowRouted(ctx context.Context, key string, n int64) (Result,
 	if l.sync != nil {
 		return l.sync.decide(ctx, t, key, n, false)
 	}
-	if l.cfg.FailurePolicy == FailClosed && l.loop != nil && l.loop.Failing() && l.loop.KeyFailing(key) {
+	if l.failingClosed(key) {
 		return l.failClosed(t, true), nil
 	}
 	now := l.clock.now()
@@ -170,16 +170,12 @@ func (l *Limiter) PeekN(ctx context.Context, key string, n int64) (Result, error
 	if l.sync != nil {
 		return l.sync.decide(ctx, t, key, n, true)
 	}
-	if l.cfg.FailurePolicy == FailClosed && l.loop != nil && l.loop.Failing() && l.loop.KeyFailing(key) {
+	if l.failingClosed(key) {
 		return l.failClosed(t, false), nil
 	}
 	now := l.clock.now()
-	if t.table.Len() >= l.cfg.MaxKeys {
-		// A new key would not be tracked: answer as untracked does.
-		var v [MaxRules]local.Counts
-		if !t.table.View(key, now, n, v[:len(t.rules)]) {
-			return l.untrackedResult(t), nil
-		}
+	if t.table.Len() >= l.cfg.MaxKeys && !t.table.Tracked(key) {
+		return l.untrackedResult(t), nil // a new key would not be tracked
 	}
 	return t.result(t.table.Peek(key, n, now)), nil
 }
@@ -322,6 +318,12 @@ func (l *Limiter) untracked(t *tier, n int64) Result {
 	l.untrackedAllowed.Add(1)
 	res.Remaining -= n
 	return res
+}
+
+// failingClosed reports whether a decision on key is FailClosed's while
+// the store fails for it.
+func (l *Limiter) failingClosed(key string) bool {
+	return l.cfg.FailurePolicy == FailClosed && l.loop != nil && l.loop.Failing() && l.loop.KeyFailing(key)
 }
 
 // untrackedResult is the answer for a new key of t while the table is

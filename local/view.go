@@ -212,6 +212,9 @@ func (t *Table) Peek(key string, n, now int64) Decision {
 	return Summarize(t.rules, v[:len(t.rules)], n, false, 1)
 }
 
+// Tracked reports whether the table holds key.
+func (t *Table) Tracked(key string) bool { return t.load(t.hash(key), key) != nil }
+
 // View fills dst (one element per rule) with key's counts at now as this
 // node sees them, for a request of cost n, and reports whether the key is
 // tracked (untracked keys read as empty).
