@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/httplimit"
+	"github.com/hybridlimit/hybridlimit/internal/wait"
 )
 
 // The metadata keys, lower-case as gRPC requires.
@@ -39,38 +39,21 @@ type denial struct {
 
 // denial returns the delays of a denied res.
 func (i *Interceptor) denial(res *hybridlimit.Result) denial {
-	wait := res.RetryAfter
-	if i.opts.RetryJitter > 0 {
-		if j := time.Duration(rand.Int64N(int64(i.opts.RetryJitter) + 1)); wait <= math.MaxInt64-j {
-			wait += j
-		} else {
-			wait = math.MaxInt64 // a block that ends past the longest Duration
-		}
-	}
-	delay := wait.Truncate(time.Millisecond)
-	if delay < wait && delay <= math.MaxInt64-time.Millisecond {
+	w := wait.Jittered(res.RetryAfter, i.opts.RetryJitter)
+	delay := w.Truncate(time.Millisecond)
+	if delay < w && delay <= math.MaxInt64-time.Millisecond {
 		delay += time.Millisecond
 	}
 	return denial{
 		delay:      max(delay, time.Millisecond),
-		retryAfter: max(seconds(wait), 1),
+		retryAfter: max(seconds(w), 1),
 		maxT:       max(seconds(res.RetryAfter), 1),
 	}
 }
 
 // seconds rounds d up to whole seconds, never below zero, as httplimit
-// does for Retry-After and RateLimit-Reset: without wrapping, also near
-// the longest Duration.
-func seconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	s := int64(d / time.Second)
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
-}
+// does for Retry-After and RateLimit-Reset.
+func seconds(d time.Duration) int64 { return wait.Seconds(d) }
 
 // states appends the state of every rule of res's tier for key to dst:
 // from the limiter with several rules (the decision's tier, wherever the

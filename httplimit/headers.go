@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/internal/wait"
 )
 
 // Canonical header names, as net/http stores them, so that the middleware
@@ -101,16 +102,7 @@ func Quota(r hybridlimit.Rule) (quota int64, window time.Duration) {
 
 // seconds rounds d up to whole seconds, never below zero: the
 // delay-seconds of Retry-After and the draft's "w" and "t" parameters.
-func seconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	s := int64(d / time.Second) // not (d + 1s − 1) / 1s, which wraps near the longest Duration
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
-}
+func seconds(d time.Duration) int64 { return wait.Seconds(d) }
 
 // Policy names a limiter's rules as the rate-limit draft's policies, one
 // per rule, and formats the draft's two fields: RateLimit-Policy, fixed for

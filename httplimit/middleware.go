@@ -26,13 +26,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/internal/wait"
 )
 
 // Options configures a Middleware. The zero value denies with 429, a
@@ -282,13 +281,7 @@ func (m *Middleware) setHeaders(h http.Header, ctx context.Context, key string, 
 	if sendRetry {
 		retryAfter = retry
 		if m.opts.RetryJitter > 0 {
-			wait := res.RetryAfter
-			if j := time.Duration(rand.Int64N(int64(m.opts.RetryJitter) + 1)); wait <= math.MaxInt64-j {
-				wait += j
-			} else {
-				wait = math.MaxInt64 // a block that ends past the longest Duration
-			}
-			retryAfter = max(seconds(wait), 1)
+			retryAfter = max(seconds(wait.Jittered(res.RetryAfter, m.opts.RetryJitter)), 1)
 		}
 	}
 	// t, the draft's effective window, is the time until the rule resets;
