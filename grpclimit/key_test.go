@@ -136,6 +136,8 @@ func TestKeyFuncsDirect(t *testing.T) {
 		{"no peer", peerIP(t), context.Background(), "error: grpclimit: call has no rate-limit key: the call has no peer"},
 		{"trusted v6 proxy", must(grpclimit.PeerIP(grpclimit.IPOptions{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}})),
 			metadata.NewIncomingContext(withPeer(tcp("[2001:db8::1]:5")), metadata.Pairs("x-forwarded-for", "[2001:db9::7]:443")), "2001:db9::7"},
+		{"trusted as mapped prefix", must(grpclimit.PeerIP(grpclimit.IPOptions{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}})),
+			metadata.NewIncomingContext(withPeer(tcp("10.1.2.3:5")), metadata.Pairs("x-forwarded-for", "203.0.113.9")), "203.0.113.9"},
 		{"combine: empty part", grpclimit.Combine(grpclimit.FullMethod(), func(context.Context, string) (string, error) { return "", nil }),
 			context.Background(), "error: grpclimit: call has no rate-limit key: part 1 of a combined key is empty"},
 		{"combine: nothing", grpclimit.Combine(), context.Background(), "error: grpclimit: call has no rate-limit key: Combine of no key functions"},

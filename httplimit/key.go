@@ -30,6 +30,9 @@ type IPOptions struct {
 	// by trusted proxies are followed: the client is the rightmost entry
 	// that is not itself a trusted proxy. Anyone else's header is ignored,
 	// since trusting it blindly would let any client pick its own key.
+	// Addresses are compared unmapped: an IPv4 network may be given as
+	// IPv4 (10.0.0.0/8) or IPv4-mapped IPv6 (::ffff:10.0.0.0/104), and
+	// matches IPv4 peers either way.
 	TrustedProxies []netip.Prefix
 	// Header is the forwarded header, holding a comma-separated list of
 	// addresses, each proxy appending the address it received the request
@@ -101,9 +104,16 @@ type ipKeyer struct {
 	v6bits  int
 }
 
+// isTrusted reports whether a (unmapped) lies in one of trusted. A prefix
+// written as IPv4-mapped IPv6 (::ffff:10.0.0.0/104) holds the IPv4
+// addresses it maps, since addresses are compared unmapped.
 func isTrusted(trusted []netip.Prefix, a netip.Addr) bool {
 	for _, p := range trusted {
 		if p.Contains(a) {
+			return true
+		}
+		if a.Is4() && p.Addr().Is4In6() && p.Bits() >= 96 &&
+			netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96).Contains(a) {
 			return true
 		}
 	}

@@ -17,6 +17,10 @@ import (
 func TestClientIP(t *testing.T) {
 	trusted, err := httplimit.ParsePrefixes("10.0.0.0/8, 2001:db8:ffff::/48, 192.0.2.254")
 	require.NoError(t, err)
+	// 10.0.0.0/8 written as IPv4-mapped IPv6 (::ffff:10.0.0.0/104), as
+	// dual-stack listeners report IPv4 peers.
+	mapped, err := httplimit.ParsePrefixes("::ffff:10.0.0.0/104")
+	require.NoError(t, err)
 	cases := []struct {
 		name    string
 		opts    httplimit.IPOptions
@@ -55,6 +59,14 @@ func TestClientIP(t *testing.T) {
 			remote: "[2001:db8:ffff::1]:1", xff: []string{"::ffff:203.0.113.9"}, want: "203.0.113.9"},
 		{name: "x-real-ip", opts: httplimit.IPOptions{TrustedProxies: trusted, Header: "x-real-ip"},
 			remote: "10.1.2.3:1", xff: []string{"6.6.6.6"}, realIP: "203.0.113.9", want: "203.0.113.9"},
+		{name: "trusted as mapped prefix", opts: httplimit.IPOptions{TrustedProxies: mapped},
+			remote: "10.1.2.3:1", xff: []string{"203.0.113.9"}, want: "203.0.113.9"},
+		{name: "trusted as mapped prefix, mapped peer", opts: httplimit.IPOptions{TrustedProxies: mapped},
+			remote: "[::ffff:10.1.2.3]:1", xff: []string{"203.0.113.9"}, want: "203.0.113.9"},
+		{name: "mapped prefix, peer outside", opts: httplimit.IPOptions{TrustedProxies: mapped},
+			remote: "11.1.2.3:1", xff: []string{"203.0.113.9"}, want: "11.1.2.3"},
+		{name: "trusted as mapped address", opts: httplimit.IPOptions{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("::ffff:10.1.2.3/128")}},
+			remote: "10.1.2.3:1", xff: []string{"203.0.113.9"}, want: "203.0.113.9"},
 		{name: "ipv6 /64", opts: httplimit.IPOptions{IPv6Bits: 64},
 			remote: "[2001:db8:1:2:3:4:5:6]:1", want: "2001:db8:1:2::/64"},
 		{name: "ipv6 bits leave v4 alone", opts: httplimit.IPOptions{IPv6Bits: 64},
