@@ -197,3 +197,74 @@ func TestBucketsReadOnlyTheBucketsMissedWhenBack(t *testing.T) {
 	require.True(t, allow(t, tb, "k", 1, 19*w))
 	assert.Empty(t, olds(takeSettle(tb, e, 19*w, 0)))
 }
+
+// A Buckets counter whose read of the previous bucket the store has not
+// answered when it rolls into the next bucket still reads that bucket,
+// now older than the previous one: the read failed before the rollover
+// (read again as an older bucket), the read is answered after it (its
+// total kept), or it failed after it (read again).
+func TestBucketsReadAPreviousBucketAcrossARollover(t *testing.T) {
+	spec := Spec{Kind: Buckets, Limit: 100, Window: time.Duration(4 * w), Buckets: 4}
+	olds := func(pushes []Push) (ids []int64) {
+		for _, p := range pushes {
+			if p.kind == pushOld {
+				ids = append(ids, p.Win)
+			}
+		}
+		return ids
+	}
+	// start leaves key k at bucket 11 with the read of bucket 10 taken,
+	// not answered.
+	start := func(t *testing.T) (*Table, *Entry, []Push) {
+		tb := NewTable(Options{Rules: []Rule{NewRule(spec)}, MaxKeys: 10, Syncing: true, ReadPrev: w / 5})
+		require.True(t, allow(t, tb, "k", 1, 10*w))
+		e := entry(t, tb, "k")
+		takeSettle(tb, e, 10*w, 0)
+		require.True(t, allow(t, tb, "k", 1, 11*w))
+		pushes, _ := tb.Take(e, 11*w, nil)
+		require.Equal(t, []Push{{Win: 11, Delta: 1, kind: pushCur}, {Win: 10, kind: pushPrev}}, pushes)
+		return tb, e, pushes
+	}
+	// holds checks that bucket 10 counts 60 (59 from other nodes), so
+	// that the window 9–12 holds 61 with this node's 1 of bucket 11.
+	holds := func(t *testing.T, tb *Table) {
+		assert.True(t, allow(t, tb, "k", 39, 12*w+w/2), "the window holds 61")
+		assert.False(t, allow(t, tb, "k", 1, 12*w+w/2), "the window holds 100")
+	}
+	// store answers what the store holds: bucket 10 60, bucket 11 this
+	// node's 1, bucket 12 nothing, older buckets nothing.
+	store := func(pushes []Push) []int64 {
+		totals := make([]int64, len(pushes))
+		for i, p := range pushes {
+			totals[i] = map[int64]int64{10: 60, 11: 1}[p.Win]
+		}
+		return totals
+	}
+	t.Run("failed before the rollover", func(t *testing.T) {
+		tb, e, pushes := start(t)
+		tb.Release(e, pushes)
+		require.True(t, allow(t, tb, "k", 0, 12*w))
+		pushes, _ = tb.Take(e, 12*w, nil)
+		require.Equal(t, []int64{10}, olds(pushes))
+		tb.Settle(e, 12*w, pushes, store(pushes))
+		holds(t, tb)
+	})
+	t.Run("answered after the rollover", func(t *testing.T) {
+		tb, e, pushes := start(t)
+		require.True(t, allow(t, tb, "k", 0, 12*w))
+		tb.Settle(e, 12*w, pushes, []int64{1, 60})
+		pushes, _ = tb.Take(e, 12*w, nil)
+		require.Equal(t, []Push{{Win: 12, kind: pushCur}, {Win: 11, kind: pushPrev}}, pushes, "no older bucket to read")
+		tb.Settle(e, 12*w, pushes, []int64{0, 1})
+		holds(t, tb)
+	})
+	t.Run("failed after the rollover", func(t *testing.T) {
+		tb, e, pushes := start(t)
+		require.True(t, allow(t, tb, "k", 0, 12*w))
+		tb.Release(e, pushes)
+		pushes, _ = tb.Take(e, 12*w, nil)
+		require.Equal(t, []int64{9, 10}, olds(pushes))
+		tb.Settle(e, 12*w, pushes, store(pushes))
+		holds(t, tb)
+	})
+}

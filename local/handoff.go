@@ -187,6 +187,11 @@ func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 		default:
 			// A window older than the previous one: delivered.
 			t.fly(e, p.Rule, -p.Delta)
+			if t.rules[p.Rule].kind == Buckets && p.kind != pushStale {
+				// Read as the current or previous bucket, answered after
+				// the counter moved on: still a bucket of the window.
+				t.settleOld(e, p.Rule, p.Win, totals[k])
+			}
 		}
 	}
 	if t.share && t.shareOf(e, 0) != nil {
@@ -252,6 +257,11 @@ func (t *Table) Release(e *Entry, pushes []Push) {
 		default:
 			t.fly(e, p.Rule, -p.Delta)
 			dropped += t.stash(e, p.Rule, p.Win, p.Delta)
+			if t.rules[p.Rule].kind == Buckets && p.kind != pushStale && t.inWindow(e, p.Rule, p.Win) {
+				// A read of a bucket the counter has moved past: the next
+				// take reads the older buckets again.
+				t.ext(e).oldReads |= oldAll << p.Rule
+			}
 		}
 	}
 	t.addDropped(dropped)

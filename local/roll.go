@@ -95,6 +95,11 @@ func (t *Table) rollLocked(e *Entry, i int, id, now int64) {
 		t.fly(e, i, s.prevInflight)
 		if id == old+1 {
 			s.prevPending, s.prevInflight = p+s.adj, s.inflight
+			if buckets && e.prevReads&(readFirst<<i) != 0 {
+				// Bucket old-1 was never read as the previous one: read it
+				// as an older one.
+				t.xOf(e).Load().oldReads |= oldSkip << i
+			}
 			e.prevReads |= (readFirst | readUntil) << i
 		} else {
 			dropped += t.stash(e, i, old, p+s.adj)
