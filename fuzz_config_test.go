@@ -15,7 +15,8 @@ import (
 // FuzzConfig builds a Config from arbitrary fields (two rules, the mode,
 // policies, bounds, a ban policy) and checks that New never panics and
 // either returns an error naming a Config field or a limiter whose
-// decisions and State, with an arbitrary key, cost and passage of time,
+// decisions (AllowN, Peek, PeekN, WaitN) and State, with an arbitrary key,
+// cost and passage of time,
 // never panic and keep their figures in range. Its seeds run with the normal tests; to
 // fuzz:
 //
@@ -128,6 +129,18 @@ func FuzzConfig(f *testing.F) {
 			check("AllowN", res, err)
 			res, err = l.Peek(ctx, key)
 			check("Peek", res, err)
+			res, err = l.PeekN(ctx, key, cost)
+			check("PeekN", res, err)
+			// WaitN with a deadline a millisecond away: the mock clock
+			// does not move while it waits, so it returns by then at the
+			// latest, admitted, or with an error saying why not.
+			wctx, cancel := context.WithTimeout(ctx, time.Millisecond)
+			res, err = l.WaitN(wctx, key, cost)
+			cancel()
+			if err != nil && (errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "past the context deadline")) {
+				err = nil
+			}
+			check("WaitN", res, err)
 			states, err := l.State(ctx, key, nil)
 			if err != nil && !errors.Is(err, ErrEmptyKey) && !errors.Is(err, ErrKeyTooLong) {
 				t.Fatalf("State: %v", err)
