@@ -31,6 +31,39 @@ func proxied(t *testing.T, o store.RedisOptions) (*store.Redis, *redistest.Proxy
 	return s, p
 }
 
+// A Take whose requests go out as several script calls to one server (two
+// sets of rules, as two tiers' keys have), whose reply is lost after the
+// server ran them all, and which go-redis sends again: every call returns
+// its first run's outcome, none is in doubt, and nothing is counted twice.
+func TestRedisTakeRetryOfSeveralCalls(t *testing.T) {
+	p := redistest.NewProxy(t, redistest.Addr(t))
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 1, DialTimeout: time.Second,
+		ReadTimeout: time.Second, WriteTimeout: time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := store.NewRedis(c, store.RedisOptions{BreakerMin: -1})
+	require.NoError(t, err)
+	pfx := redistest.Prefix(t)
+	const w = 60_000
+	take(t, s, newTake(pfx, "warm", future, 1, false, false, wr(10, w))) // the server has the script cached
+
+	p.DropReplies() // the server runs both calls; their answers never arrive
+	time.AfterFunc(300*time.Millisecond, p.Up)
+	rs := []*store.TakeRequest{
+		newTake(pfx, "a", future, 1, false, false, wr(10, w)),
+		newTake(pfx, "b", future, 1, false, false, wr(20, w)),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, s.Take(ctx, rs)) // go-redis sends the pipeline again after its read timeout
+	direct := redistest.Client(t)
+	for _, r := range rs {
+		assert.Equal(t, store.Applied, r.Status, "key %q: %v", r.Key, r.Err)
+		v, err := direct.Get(ctx, store.CounterKey(pfx, store.Counter{Key: r.Key, Window: w, ID: future / w})).Int64()
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), v, "key %q counted once", r.Key)
+	}
+}
+
 // A batch whose reply is lost is in doubt; sent again unchanged, it is
 // applied once whether or not the first sending was.
 func TestRedisLostReplyIsAppliedOnce(t *testing.T) {

@@ -64,8 +64,22 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 	}()
 	s.lanes(len(calls), func(i int) int { return calls[i].group % s.o.Lanes }, func(items []int) {
 		sent := s.now()
-		stream := s.stream()
-		defer s.releaseStream(stream)
+		// Calls of one pipeline must not share a take marker (one prefix
+		// and group, several sets of rules): each run would overwrite the
+		// marker of the one before, and a client's retry of the pipeline
+		// would find every call's outcome but the last's lost. A call
+		// whose marker an earlier call of the lane has goes on another
+		// stream.
+		streams := []*takeStream{s.stream()}
+		defer func() {
+			for _, t := range streams {
+				s.releaseStream(t)
+			}
+		}()
+		var used map[string]bool // the lane's markers, when it has several calls
+		if len(items) > 1 {
+			used = make(map[string]bool, len(items))
+		}
 		var send []int
 		for _, i := range items {
 			c := calls[i]
@@ -78,7 +92,17 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			}
 			addrs[i] = addr
 			c.seq = s.seq.Add(1)
-			c.marker = stream.marker(c.reqs[0].Prefix, s.slotOf(c.group))
+			for k := 0; ; k++ {
+				if k == len(streams) {
+					streams = append(streams, s.stream())
+				}
+				if c.marker = streams[k].marker(c.reqs[0].Prefix, s.slotOf(c.group)); !used[c.marker] {
+					break
+				}
+			}
+			if used != nil {
+				used[c.marker] = true
+			}
 			send = append(send, i)
 		}
 		s.perServer(send, addrs, func(send []int) {
