@@ -205,17 +205,17 @@ func TestPushOrder(t *testing.T) {
 		counts int
 		argv   []any
 	}{
-		{nil, nil, 0, []any{uint64(9), int64(5), 0, int64(0)}},
-		{[]Op{count(1), count(-4), count(2)}, nil, 3, []any{uint64(9), int64(5), 3, int64(2), int64(1), int64(-4), int64(2)}},
+		{nil, nil, 0, []any{uint64(9), int64(5), 0, int64(0), uint64(7)}},
+		{[]Op{count(1), count(-4), count(2)}, nil, 3, []any{uint64(9), int64(5), 3, int64(2), int64(1), int64(-4), int64(2), uint64(7)}},
 		{[]Op{rate(3, 70), count(1), rate(4, 80), count(2)}, []int{1, 3, 0, 2}, 2,
-			[]any{uint64(9), int64(5), 2, int64(2), int64(1), int64(2), int64(3), int64(4), int64(70), int64(80)}},
-		{[]Op{rate(3, 70)}, []int{0}, 0, []any{uint64(9), int64(5), 0, int64(0), int64(3), int64(70)}},
+			[]any{uint64(9), int64(5), 2, int64(2), int64(1), int64(2), int64(3), int64(4), int64(70), int64(80), uint64(7)}},
+		{[]Op{rate(3, 70)}, []int{0}, 0, []any{uint64(9), int64(5), 0, int64(0), int64(3), int64(70), uint64(7)}},
 	} {
 		b := &Batch{Seq: 9, Ops: tc.ops}
 		order, counts := pushOrder(b)
 		require.Equal(t, tc.order, order)
 		require.Equal(t, tc.counts, counts)
-		require.Equal(t, tc.argv, pushArgs(b, order, counts, 5))
+		require.Equal(t, tc.argv, pushArgs(b, order, counts, 5, 7))
 	}
 }
 

@@ -2,6 +2,8 @@ package store_test
 
 import (
 	"context"
+	"errors"
+	"net"
 	"strconv"
 	"sync"
 	"testing"
@@ -97,5 +99,82 @@ func TestRedisClusterHungMasterFailsOnlyItsCalls(t *testing.T) {
 		if r.Status == store.Applied {
 			assert.Equal(t, int64(4), r.Counts[0].Cur, "key %q: two pushes and two takes of 1", k)
 		}
+	}
+}
+
+// Two batches of one group in one Push while their slot migrates: the
+// older one creates a counter, which the source master refuses
+// (TRYAGAIN: the slot's keys are not all there); the newer one touches
+// only keys the source still has. The replies are lost, so both are in
+// doubt, and sent again unchanged once the migration is called off. The
+// newer one must not have been applied alone: its marker would make the
+// older one look applied when sent again, and its increments would be
+// lost.
+func TestRedisClusterPushOrderDuringMigration(t *testing.T) {
+	redistest.Destructive(t)
+	shards := redistest.WaitClusterOK(t, 30*time.Second)
+	require.Len(t, shards, 3)
+	p := redistest.NewProxy(t, shards[0].Master)
+	dialer := &net.Dialer{Timeout: time.Second}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), MaxRetries: -1,
+		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if addr == shards[0].Master {
+				addr = p.Addr()
+			}
+			return dialer.DialContext(ctx, network, addr)
+		}})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := store.NewRedis(c, store.RedisOptions{BreakerMin: -1})
+	require.NoError(t, err)
+	pfx := redistest.Prefix(t)
+	const w = 60_000
+	id := future / w
+	old := keyOn(shards[0], "o")
+	g := s.Group(old)
+	var fresh string
+	for i := 0; fresh == ""; i++ {
+		if k := "f" + strconv.Itoa(i); store.Slot(k) == g {
+			fresh = k
+		}
+	}
+	push(t, s, batch(s, pfx, "n", old, 1, op(w, id, 1))) // the marker and old's counter, on the source
+
+	ctx := context.Background()
+	src, dst := redistest.ClientAt(t, shards[0].Master), redistest.ClientAt(t, shards[1].Master)
+	srcID, err := src.Do(ctx, "cluster", "myid").Text()
+	require.NoError(t, err)
+	dstID, err := dst.Do(ctx, "cluster", "myid").Text()
+	require.NoError(t, err)
+	stable := func() {
+		_ = src.Do(ctx, "cluster", "setslot", g, "stable").Err()
+		_ = dst.Do(ctx, "cluster", "setslot", g, "stable").Err()
+	}
+	t.Cleanup(stable)
+	require.NoError(t, dst.Do(ctx, "cluster", "setslot", g, "importing", srcID).Err())
+	require.NoError(t, src.Do(ctx, "cluster", "setslot", g, "migrating", dstID).Err())
+	p.DropReplies()
+	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	bs := []*store.Batch{batch(s, pfx, "n", fresh, 2, op(w, id, 5)), batch(s, pfx, "n", old, 3, op(w, id, 1))}
+	require.NoError(t, s.Push(pctx, bs))
+	cancel()
+	for _, b := range bs {
+		require.Equal(t, store.InDoubt, b.Status, "%v", b.Err)
+	}
+	stable() // the migration is called off
+	p.Up()
+
+	// The batches in doubt are sent again, unchanged, until applied.
+	require.Eventually(t, func() bool {
+		again := []*store.Batch{batch(s, pfx, "n", fresh, 2, op(w, id, 5)), batch(s, pfx, "n", old, 3, op(w, id, 1))}
+		require.NoError(t, s.Push(ctx, again))
+		return again[0].Status == store.Applied && again[1].Status == store.Applied
+	}, 10*time.Second, 50*time.Millisecond)
+	for k, want := range map[string]int64{fresh: 5, old: 2} {
+		v, err := src.Get(ctx, store.CounterKey(pfx, store.Counter{Key: k, Window: w, ID: id})).Int64()
+		if !errors.Is(err, redis.Nil) {
+			require.NoError(t, err)
+		}
+		assert.Equal(t, want, v, "key %q: every batch applied once", k)
 	}
 }

@@ -64,12 +64,23 @@ func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, add
 	// EVAL, not EVALSHA: a server without the script cached would fail
 	// one batch and run the next of its group, out of order.
 	orders := make([][]int, len(batches)) // by batch
+	// A batch goes after the one before it of its group in the pipeline:
+	// the script refuses it unless that one was applied. An error reply to
+	// the older one (TRYAGAIN while its slot migrates) beside a newer one
+	// applied would otherwise make the older one look applied, by the
+	// marker, when it is sent again.
+	prev := make([]uint64, len(batches)) // by batch
+	last := map[int]uint64{}             // by group
+	for _, i := range send {
+		b := batches[i]
+		prev[i], last[b.Group] = last[b.Group], b.Seq
+	}
 	cmds := s.exec(ctx, pushScript, true, send, func(i int) ([]string, []any) {
 		b := batches[i]
 		order, counts := pushOrder(b)
 		orders[i] = order
 		keys := pushKeys(markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node), b, order)
-		return keys, pushArgs(b, order, counts, ttl)
+		return keys, pushArgs(b, order, counts, ttl, prev[i])
 	})
 	outcome := make(map[string]error, 1)
 	for k, i := range send {
@@ -107,10 +118,12 @@ func pushOrder(b *Batch) (order []int, counts int) {
 }
 
 // pushArgs returns the push script's ARGV for b's ops in order (see
-// pushScript).
-func pushArgs(b *Batch, order []int, counts int, ttl int64) []any {
+// pushScript), prev being the sequence number of the batch of b's group
+// before b in its pipeline (0: none).
+func pushArgs(b *Batch, order []int, counts int, ttl int64, prev uint64) []any {
 	n := len(b.Ops)
-	argv := make([]any, 4+n+n-counts)
+	argv := make([]any, 4+n+n-counts+1)
+	argv[len(argv)-1] = prev
 	var maxd int64
 	for k := range n {
 		op := &b.Ops[opAt(order, k)]

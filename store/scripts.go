@@ -29,11 +29,17 @@ local function exact(x) return x ~= nil and x % 1 == 0 and x < 9007199254740992 
 //	      time
 //	ARGV: seq, marker TTL (ms), the number of count ops, the largest
 //	      delta of a count op, then per op its delta, then per
-//	      arrival-time op its rate (µs)
+//	      arrival-time op its rate (µs), and last the seq of the batch
+//	      of the group before this one in the pipeline (0: none)
 //	reply: applied before (0 or 1), then per op the counter's value, or
 //	an error for a counter that holds something other than an integer of
 //	magnitude below 2^53 (a foreign value, which the op leaves as it is;
 //	the batch's other ops are applied)
+//
+// A batch not applied before whose predecessor in the pipeline was not
+// applied either (the marker is below its seq) is refused with an error
+// reply, and changes nothing: the marker must never pass a batch of the
+// group that did not run.
 //
 // A count the batch creates expires once no window counts it
 // (store.ExpireAt), computed from the window, span and id at the end of its
@@ -47,6 +53,9 @@ local seq = tonumber(ARGV[1])
 local counts, maxd = tonumber(ARGV[3]), tonumber(ARGV[4])
 local m = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local dup = m >= seq
+if not dup and m < tonumber(ARGV[#ARGV]) then
+  return redis.error_reply('ERR the batch before this one in its group was not applied')
+end
 local out = {dup and 1 or 0}
 local now
 local call, pcall = redis.call, redis.pcall
