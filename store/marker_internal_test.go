@@ -61,6 +61,11 @@ func TestRedisForeignMarkers(t *testing.T) {
 				assert.Equal(t, Applied, r.Status, "%v", r.Err)
 			case "huge":
 				assert.Equal(t, InDoubt, r.Status, "a later call's outcome: this one's is lost")
+				// A bare number is not of a take marker's form: no marker.
+				require.NoError(t, c.Set(ctx, tk, "99999999999999999999", 0).Err())
+				r := &TakeRequest{Prefix: pfx, Key: "t", Rules: []local.Rule{rule}, Now: time.Now().UnixMicro(), Cost: 1, Deadline: time.Now().Add(time.Minute).UnixMicro()}
+				require.NoError(t, s.Take(ctx, []*TakeRequest{r}))
+				assert.Equal(t, Applied, r.Status, "%v", r.Err)
 			}
 			require.NoError(t, c.Del(ctx, tk).Err())
 		})
