@@ -138,9 +138,47 @@ func TestRedisMarkerLastsTenMinutesAfterTheLastBatch(t *testing.T) {
 	assert.InDelta(t, float64(markerTTL), float64(ttl()), float64(5*time.Second))
 	assert.Equal(t, int64(2), total())
 
+	// So does a batch sent again: the call writes, so that WAIT
+	// (RedisOptions.WaitReplicas) on its connection covers the first
+	// run's writes, on servers that track only writing commands per
+	// connection (Redis 7.2 on).
+	require.NoError(t, c.PExpire(ctx, mk, time.Second).Err())
+	assert.Equal(t, []int64{2}, push(2).Totals)
+	assert.InDelta(t, float64(markerTTL), float64(ttl()), float64(5*time.Second), "renewed by the batch sent again")
+	assert.Equal(t, int64(2), total())
+
 	// Once the marker is gone, the batch is applied again: the guarantee
 	// ends with the marker.
 	require.NoError(t, c.Del(ctx, mk).Err())
 	push(2)
 	assert.Equal(t, int64(3), total())
+}
+
+// A take call sent again (the same sequence number) renews its marker's
+// life, as a push sent again does: the call writes, so that WAIT
+// (RedisOptions.WaitReplicas) on its connection covers the first run's
+// writes.
+func TestRedisTakeSentAgainRenewsItsMarker(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := context.Background()
+	s, err := NewRedis(c, RedisOptions{BreakerMin: -1})
+	require.NoError(t, err)
+	pfx := redistest.Prefix(t)
+	rule := local.NewRule(local.Spec{Kind: local.Fixed, Limit: 10, Window: time.Minute})
+	take := func() *TakeRequest {
+		t.Helper()
+		r := &TakeRequest{Prefix: pfx, Key: "t", Rules: []local.Rule{rule}, Now: time.Now().UnixMicro(), Cost: 1, Deadline: time.Now().Add(time.Minute).UnixMicro()}
+		require.NoError(t, s.Take(ctx, []*TakeRequest{r}))
+		require.Equal(t, Applied, r.Status, "%v", r.Err)
+		return r
+	}
+	seq := s.seq.Load()
+	take()
+	mk := markerKey(pfx, 't', s.slotOf(0), s.node+".0")
+	require.NoError(t, c.PExpire(ctx, mk, time.Second).Err())
+	s.seq.Store(seq) // the same call again
+	assert.Equal(t, int64(1), take().Counts[0].Cur, "decided once")
+	d, err := c.PTTL(ctx, mk).Result()
+	require.NoError(t, err)
+	assert.InDelta(t, float64(time.Minute), float64(d), float64(5*time.Second), "renewed by the call sent again: a take marker lasts a minute")
 }

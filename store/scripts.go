@@ -118,7 +118,10 @@ for i = counts + 2, #KEYS do
   end
   out[i] = v
 end
-if not dup then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+-- A batch sent again renews the marker: the call writes, so WAIT on its
+-- connection covers the first run's writes (from Redis 7.2 a connection's
+-- offset moves only with commands that write).
+if not dup then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return out
 `)
 
@@ -368,6 +371,10 @@ for q = 0, nreq - 1 do
   out[op] = ok
   k = kk
 end
-if not done then redis.call('SET', KEYS[1], ARGV[1] .. ':' .. table.concat(bits), 'PX', ARGV[2]) end
+if done then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2]) -- a call sent again writes, as in the push script
+else
+  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. table.concat(bits), 'PX', ARGV[2])
+end
 return out
 `)
