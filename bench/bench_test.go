@@ -146,18 +146,27 @@ func benchDistributed(b *testing.B, im impl, goroutines int) {
 }
 
 // BenchmarkTakeScript measures the ceiling of the synchronous mode: the
-// Redis store's take script alone, driven by one goroutine that calls
+// Redis store's take script alone, driven by goroutines that call
 // store.Redis.Take with pre-built requests, 512 per call (the synchronous
-// mode's largest batch), one call at a time on one connection, over the
-// same 1000 keys and rule as BenchmarkDistributed. No queue, no waiting
-// goroutines, no local table: what is left is building the script's
-// arguments, the script in Redis and reading its reply. One op is one
-// decision, as in BenchmarkDistributed.
+// mode's largest batch), over the same 1000 keys and rule as
+// BenchmarkDistributed. No queue, no waiting goroutines, no local table:
+// what is left is building the script's arguments, the script in Redis and
+// reading its reply. One op is one decision, as in BenchmarkDistributed.
+// inflight=1 is one call at a time on one connection; inflight=2 is two
+// goroutines each making one call at a time, as the synchronous mode keeps
+// up to two batches on their way (maxInFlight in synchronous.go): the
+// client builds one call while the server runs the other. The synchronous
+// mode can pass the first, not (with full batches) the second: the
+// ceiling is the larger of the two.
 func BenchmarkTakeScript(b *testing.B) {
-	b.Run("impl=take-script/keys=1k/rules=1/batch=512", benchTakeScript)
+	for _, inflight := range []int{1, 2} {
+		b.Run(fmt.Sprintf("impl=take-script/keys=1k/rules=1/batch=512/inflight=%d", inflight), func(b *testing.B) {
+			benchTakeScript(b, inflight)
+		})
+	}
 }
 
-func benchTakeScript(b *testing.B) {
+func benchTakeScript(b *testing.B, inflight int) {
 	st, err := store.NewRedis(hybridClient(b), store.RedisOptions{Lanes: 1})
 	if err != nil {
 		b.Fatal(err)
@@ -167,30 +176,55 @@ func benchTakeScript(b *testing.B) {
 	prefix := redistest.Prefix(b)
 	keys := keyNames(nkeys)
 	now := time.Now().UnixMicro()
-	reqs := make([]*store.TakeRequest, nkeys+batch)
-	for i := range reqs {
-		reqs[i] = &store.TakeRequest{Prefix: prefix, Key: keys[i%nkeys], Rules: rules, Now: now,
-			Deadline: now + time.Hour.Microseconds(), Cost: 1}
+	// Each goroutine its own requests (Take writes their results), over
+	// the same keys.
+	reqs := make([][]*store.TakeRequest, inflight)
+	for g := range reqs {
+		reqs[g] = make([]*store.TakeRequest, nkeys+batch)
+		for i := range reqs[g] {
+			reqs[g][i] = &store.TakeRequest{Prefix: prefix, Key: keys[i%nkeys], Rules: rules, Now: now,
+				Deadline: now + time.Hour.Microseconds(), Cost: 1}
+		}
 	}
-	take := func(reqs []*store.TakeRequest) {
+	take := func(reqs []*store.TakeRequest) error {
 		if err := st.Take(ctx, reqs); err != nil {
-			b.Fatal(err)
+			return err
 		}
 		for _, r := range reqs {
 			if r.Status != store.Applied || !r.Allowed {
-				b.Fatalf("request for %q: %v (%v), allowed %v", r.Key, r.Status, r.Err, r.Allowed)
+				return fmt.Errorf("request for %q: %v (%v), allowed %v", r.Key, r.Status, r.Err, r.Allowed)
 			}
 		}
+		return nil
 	}
-	take(reqs[:nkeys]) // every key's counter exists, as after BenchmarkDistributed's warm-up
+	if err := take(reqs[0][:nkeys]); err != nil { // every key's counter exists, as after BenchmarkDistributed's warm-up
+		b.Fatal(err)
+	}
 	cpu := startCPU(b)
+	var next atomic.Int64 // decisions handed out
+	var wg sync.WaitGroup
 	b.ReportAllocs()
 	b.ResetTimer()
-	at := 0
-	for done := 0; done < b.N; done += batch {
-		take(reqs[at : at+min(batch, b.N-done)])
-		at = (at + batch) % nkeys
+	for g := range inflight {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			at := g * 1009 % nkeys
+			for {
+				end := next.Add(batch)
+				n := min(batch, int64(b.N)-(end-batch))
+				if n <= 0 {
+					return
+				}
+				if err := take(reqs[g][at : at+int(n)]); err != nil {
+					b.Error(err)
+					return
+				}
+				at = (at + batch) % nkeys
+			}
+		}()
 	}
+	wg.Wait()
 	b.StopTimer()
 	cpu.report(b)
 }

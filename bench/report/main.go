@@ -378,6 +378,40 @@ func findP(res []*result, family, impl string, params ...string) *result {
 	return nil
 }
 
+// all returns every result of impl in family, in the order run.
+func all(res []*result, family, impl string) []*result {
+	var out []*result
+	for _, r := range res {
+		if r.family == family && r.impl == impl {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// ceiling returns the take script's fastest variant in family (the least
+// ns/op, by median): the synchronous mode keeps up to two batches on their
+// way, so the script driven one call at a time is not its ceiling when
+// two calls at once go faster.
+func ceiling(res []*result, family string) *result {
+	var best *result
+	for _, r := range all(res, family, "take-script") {
+		if ns := r.m["ns/op"]; ns > 0 && (best == nil || ns < best.m["ns/op"]) {
+			best = r
+		}
+	}
+	return best
+}
+
+// inflight returns the take script's calls on their way at once in r
+// (1 for the results of before the parameter).
+func inflight(r *result) string {
+	if v := r.params["inflight"]; v != "" {
+		return v
+	}
+	return "1"
+}
+
 func ratio(a, b float64) string {
 	if a == 0 || b == 0 {
 		return "–"
@@ -436,10 +470,10 @@ func printReport(w io.Writer, res []*result, instr []instruction, cpu string, to
 		fmt.Fprintln(w, "ns/op is wall time per decision with all goroutines deciding at once (decisions/s = 10⁹ ÷ ns/op). hybridlimit-async decides locally; its sync loop's load on Redis is redis-cmds/op and round-trips/op.")
 		fmt.Fprintln(w)
 		table(w, res, "Distributed", []string{"hybridlimit-async", "hybridlimit-sync"}, []string{"denied/op", "redis-cmds/op", "round-trips/op", "client-cpu-ns/op", "server-cpu-ns/op"})
-		if c := findP(res, "TakeScript", "take-script"); c != nil {
-			fmt.Fprintf(w, "The take script alone (one goroutine calling the Redis store's Take with pre-built batches of 512 requests, one call at a time): "+
+		for _, c := range all(res, "TakeScript", "take-script") {
+			fmt.Fprintf(w, "The take script alone (%s goroutine(s) calling the Redis store's Take with pre-built batches of 512 requests, each one call at a time): "+
 				"%s ns/op (%s decisions/s), %s ns of client CPU and %s ns of server CPU per decision.\n\n",
-				num(c.m["ns/op"]), si(1e9/c.m["ns/op"]), num(c.m["client-cpu-ns/op"]), num(c.m["server-cpu-ns/op"]))
+				inflight(c), num(c.m["ns/op"]), si(1e9/c.m["ns/op"]), num(c.m["client-cpu-ns/op"]), num(c.m["server-cpu-ns/op"]))
 		}
 	}
 	if families["Sync"] {
@@ -504,9 +538,9 @@ func printReport(w io.Writer, res []*result, instr []instruction, cpu string, to
 		fmt.Fprintln(w)
 		table(w, res, "RotationLocal", []string{"hybridlimit-local"}, nil)
 		table(w, res, "RotationDistributed", []string{"hybridlimit-sync"}, []string{"round-trips/op", "client-cpu-ns/op", "server-cpu-ns/op"})
-		if c := findP(res, "RotationTakeScript", "take-script"); c != nil {
-			fmt.Fprintf(w, "The take script alone: %s ns/op (%s decisions/s), %s ns of client CPU and %s ns of server CPU per decision.\n\n",
-				num(c.m["ns/op"]), si(1e9/c.m["ns/op"]), num(c.m["client-cpu-ns/op"]), num(c.m["server-cpu-ns/op"]))
+		for _, c := range all(res, "RotationTakeScript", "take-script") {
+			fmt.Fprintf(w, "The take script alone, %s call(s) on their way at once: %s ns/op (%s decisions/s), %s ns of client CPU and %s ns of server CPU per decision.\n\n",
+				inflight(c), num(c.m["ns/op"]), si(1e9/c.m["ns/op"]), num(c.m["client-cpu-ns/op"]), num(c.m["server-cpu-ns/op"]))
 		}
 	}
 	goals(w, res, instr, rounds)
@@ -655,9 +689,9 @@ func goals(w io.Writer, res []*result, instr []instruction, rounds int) {
 				fmt.Sprintf("%s vs %s decisions/s: %.2f×%s", si(1e9/s.m["ns/op"]), si(1e9/r.m["ns/op"]), r.m["ns/op"]/s.m["ns/op"], how),
 				4*s.m["ns/op"] <= r.m["ns/op"])
 		}
-		if c := findP(res, take, "take-script"); s != nil && c != nil {
+		if c := ceiling(res, take); s != nil && c != nil {
 			row("synchronous ≥ 0.8× the take script alone, "+g+" goroutines",
-				fmt.Sprintf("%s vs %s decisions/s: %.2f×%s", si(1e9/s.m["ns/op"]), si(1e9/c.m["ns/op"]), c.m["ns/op"]/s.m["ns/op"], how),
+				fmt.Sprintf("%s vs %s decisions/s (%s in flight): %.2f×%s", si(1e9/s.m["ns/op"]), si(1e9/c.m["ns/op"]), inflight(c), c.m["ns/op"]/s.m["ns/op"], how),
 				s.m["ns/op"] <= c.m["ns/op"]/0.8)
 		}
 	}

@@ -39,3 +39,35 @@ BenchmarkLocal/impl=sethvargo-memory/keys=100k/rules=1/procs=1-2  1  300 ns/op  
 		t.Errorf("the rotation's table is missing:\n%s", rotated)
 	}
 }
+
+// The synchronous mode's goals: decisions/s is 10⁹ ÷ ns/op, so the ratio
+// to a peer or to the take script is their ns/op over the synchronous
+// mode's; the take script's ceiling is its faster variant (two calls on
+// their way at once, as the synchronous mode sends them, when that is
+// faster than one at a time).
+func TestGoalsSynchronousCeiling(t *testing.T) {
+	out := `BenchmarkDistributed/impl=hybridlimit-sync/keys=1k/rules=1/goroutines=64-2  1  10000 ns/op
+BenchmarkDistributed/impl=redis-rate/keys=1k/rules=1/goroutines=64-2  1  30000 ns/op
+BenchmarkTakeScript/impl=take-script/keys=1k/rules=1/batch=512/inflight=1-2  1  8000 ns/op
+BenchmarkTakeScript/impl=take-script/keys=1k/rules=1/batch=512/inflight=2-2  1  5000 ns/op
+`
+	var w bytes.Buffer
+	printReport(&w, parse(strings.NewReader(out)), nil, "test CPU", time.Second, "1s", 1, 1)
+	got := w.String()
+	for _, want := range []string{
+		"| synchronous ≥ 4× redis_rate decisions/s, 64 goroutines | 100k vs 33k decisions/s: 3.00× | **no** |",
+		"| synchronous ≥ 0.8× the take script alone, 64 goroutines | 100k vs 200k decisions/s (2 in flight): 0.50× | **no** |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("missing %q in:\n%s", want, got)
+		}
+	}
+	// Without the two-call variant (a run of before it), the one-call
+	// figure is the ceiling.
+	one := strings.Replace(out, "BenchmarkTakeScript/impl=take-script/keys=1k/rules=1/batch=512/inflight=2-2  1  5000 ns/op\n", "", 1)
+	w.Reset()
+	printReport(&w, parse(strings.NewReader(one)), nil, "test CPU", time.Second, "1s", 1, 1)
+	if want := "| synchronous ≥ 0.8× the take script alone, 64 goroutines | 100k vs 125k decisions/s (1 in flight): 0.80× | yes |"; !strings.Contains(w.String(), want) {
+		t.Errorf("missing %q in:\n%s", want, w.String())
+	}
+}
