@@ -38,6 +38,13 @@ N2=${N2:-400000}
 R=${R:-3}
 CACHE=${CACHE:-}
 PKG=${PKG:-.}
+# A b.N benchmark's function runs once for -test.benchtime 1x but twice
+# (b.N = 1, then N) for Nx with N > 1: with N1 = 1 the difference would
+# hold one more setup.
+if [ "$N1" -lt 2 ] || [ "$N2" -le "$N1" ]; then
+  echo "instructions.sh: want 2 <= N1 < N2, have N1=$N1 N2=$N2" >&2
+  exit 2
+fi
 
 if ! command -v valgrind >/dev/null 2>&1; then
   SUDO=""

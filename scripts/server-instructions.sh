@@ -14,7 +14,15 @@
 #
 #   bash scripts/server-instructions.sh                      # one sync cycle of 10k keys, per key
 #   BIN=/tmp/old.test bash scripts/server-instructions.sh    # a bench test binary built elsewhere
-#   PER=1 N1=1 N2=3 bash scripts/server-instructions.sh '^BenchmarkTakeScript$'
+#   PER=1 N1=5120 N2=15360 bash scripts/server-instructions.sh \
+#     '^BenchmarkTakeScript$/^impl=take-script$/^keys=1k$/^rules=1$/^batch=512$/^inflight=1$'
+#
+# N1 must be at least 2, and a pattern must match one benchmark: go test
+# runs a b.N benchmark's function once for -test.benchtime 1x (the probe
+# is the run) but twice for Nx with N > 1 (the probe with b.N = 1, then
+# b.N = N), so with N1 = 1 the difference would hold one more setup (for
+# BenchmarkTakeScript, its warm-up Take of 1000 decisions); and the
+# counts of several matching benchmarks add up.
 #
 # It installs valgrind and redis-server from Debian's packages when
 # missing. A check to read, not a test: it prints and exits 0.
@@ -26,6 +34,10 @@ N1=${N1:-2}
 N2=${N2:-6}
 R=${R:-2}
 PER=${PER:-10000}
+if [ "$N1" -lt 2 ] || [ "$N2" -le "$N1" ]; then
+  echo "server-instructions.sh: want 2 <= N1 < N2, have N1=$N1 N2=$N2 (see the header)" >&2
+  exit 2
+fi
 
 missing=()
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)

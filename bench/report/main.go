@@ -124,7 +124,8 @@ var rotated = []string{
 	"^BenchmarkLocal$/^impl=sethvargo-memory$/^keys=100k$/^rules=1$/^procs=2$",
 	"^BenchmarkDistributed$/^impl=hybridlimit-sync$/^keys=1k$/^rules=1$/^goroutines=(64|256)$",
 	"^BenchmarkDistributed$/^impl=redis-rate$/^keys=1k$/^rules=1$/^goroutines=(64|256)$",
-	"^BenchmarkTakeScript$",
+	"^BenchmarkTakeScript$/^impl=take-script$/^keys=1k$/^rules=1$/^batch=512$/^inflight=1$",
+	"^BenchmarkTakeScript$/^impl=take-script$/^keys=1k$/^rules=1$/^batch=512$/^inflight=2$",
 }
 
 // rotation builds bench's test binary and runs every benchmark of rotated
