@@ -142,7 +142,8 @@ func (c chain) close() {
 	}
 }
 
-// The chain asks the rules from the last (the longest window in
+// chained returns a chain of one limiter per rule (a single limiter for
+// one rule). The chain asks the rules from the last (the longest window in
 // threeRules) to the first, so that a peer that denies although the
 // limits are not reached (sethvargo's memorystore refills only
 // delta·Interval/Tokens tokens at a new interval, a handful for Tokens

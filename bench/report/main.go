@@ -470,7 +470,7 @@ func printReport(w io.Writer, res []*result, instr []instruction, cpu string, to
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "ns/op is wall time per decision with all goroutines deciding at once (decisions/s = 10⁹ ÷ ns/op). hybridlimit-async decides locally; its sync loop's load on Redis is redis-cmds/op and round-trips/op.")
 		fmt.Fprintln(w)
-		table(w, res, "Distributed", []string{"hybridlimit-async", "hybridlimit-sync"}, []string{"denied/op", "redis-cmds/op", "round-trips/op", "client-cpu-ns/op", "server-cpu-ns/op"})
+		table(w, res, "Distributed", []string{"hybridlimit-async", "hybridlimit-sync"}, []string{"denied/op", "degraded/op", "redis-cmds/op", "round-trips/op", "client-cpu-ns/op", "server-cpu-ns/op"})
 		for _, c := range all(res, "TakeScript", "take-script") {
 			fmt.Fprintf(w, "The take script alone (%s goroutine(s) calling the Redis store's Take with pre-built batches of 512 requests, each one call at a time): "+
 				"%s ns/op (%s decisions/s), %s ns of client CPU and %s ns of server CPU per decision.\n\n",
@@ -538,7 +538,7 @@ func printReport(w io.Writer, res []*result, instr []instruction, cpu string, to
 			"no figure depends on what ran before it in its process, and each meets the machine's load in turn. The goals below read these rows.")
 		fmt.Fprintln(w)
 		table(w, res, "RotationLocal", []string{"hybridlimit-local"}, nil)
-		table(w, res, "RotationDistributed", []string{"hybridlimit-sync"}, []string{"round-trips/op", "client-cpu-ns/op", "server-cpu-ns/op"})
+		table(w, res, "RotationDistributed", []string{"hybridlimit-sync"}, []string{"degraded/op", "round-trips/op", "client-cpu-ns/op", "server-cpu-ns/op"})
 		for _, c := range all(res, "RotationTakeScript", "take-script") {
 			fmt.Fprintf(w, "The take script alone, %s call(s) on their way at once: %s ns/op (%s decisions/s), %s ns of client CPU and %s ns of server CPU per decision.\n\n",
 				inflight(c), num(c.m["ns/op"]), si(1e9/c.m["ns/op"]), num(c.m["client-cpu-ns/op"]), num(c.m["server-cpu-ns/op"]))
