@@ -98,6 +98,17 @@ func hybridAsync(tb testing.TB, rules []limit) decider {
 	})
 }
 
+// hybridAsyncManual is hybridAsync without the background sync loop.
+func hybridAsyncManual(tb testing.TB, rules []limit) decider {
+	return newHybrid(tb, hybridlimit.Config{
+		Rules:  hybridRules(rules),
+		Mode:   hybridlimit.ModeAsync,
+		Store:  storetest.Redis(tb, hybridClient(tb)),
+		Prefix: redistest.Prefix(tb),
+		Manual: true,
+	})
+}
+
 func hybridSync(tb testing.TB, rules []limit) decider {
 	return newHybrid(tb, hybridlimit.Config{
 		Rules:  hybridRules(rules),

@@ -914,11 +914,18 @@ func (m *cpuMeter) reportPerKey(b *testing.B, nkeys int) {
 // tracks 1M keys (one rule): the live heap after a GC, with the limiter
 // filled, minus the live heap before it was created. The key strings are
 // allocated before and are not counted unless the limiter copies them. One
-// op fills one fresh limiter; run it with -benchtime=1x.
+// op fills one fresh limiter; run it with -benchtime=1x. hybridlimit-async
+// runs without its sync loop here (Manual), so that its figure is the
+// table's before any sync, as the performance goal names it: with the
+// loop, how many cycles ran during the fill (one of 278k keys in a 6.9 s
+// fill on a loaded machine) depended on the machine's load.
 func BenchmarkMemory(b *testing.B) {
 	const nkeys = 1_000_000
 	keys := keyNames(nkeys)
 	for _, im := range localImpls {
+		if im.name == "hybridlimit-async" {
+			im.new = hybridAsyncManual
+		}
 		b.Run(fmt.Sprintf("impl=%s/keys=1M/rules=1", im.name), func(b *testing.B) {
 			var total float64
 			for range b.N {
