@@ -33,6 +33,7 @@ type simNode struct {
 	gen     int
 	delay   time.Duration
 	cycleAt int64
+	applied bool // the paced cycle under way reached the store (evApply)
 	done    chan error
 	rng     *rand.Rand
 
@@ -309,6 +310,7 @@ func (d *driver) handle(e event) error {
 			return nil
 		}
 		n.st.paced.Store(true)
+		n.applied = false
 		go func() { n.done <- n.l.Sync(d.ctx) }()
 		select {
 		case <-n.st.entered:
@@ -320,6 +322,7 @@ func (d *driver) handle(e event) error {
 	case evApply:
 		n.st.release <- struct{}{}
 		<-n.st.applied
+		n.applied = true
 		d.push(n.cycleAt+lat, evReply, e.node)
 	case evReply:
 		n.st.release <- struct{}{}
@@ -340,8 +343,10 @@ func (d *driver) handle(e event) error {
 		for i := d.o.Nodes - d.o.Churn.Nodes; i < d.o.Nodes; i++ {
 			n := d.nodes[i]
 			if n.st.paced.Load() { // finish the cycle under way at once
-				n.st.release <- struct{}{}
-				<-n.st.applied
+				if !n.applied {
+					n.st.release <- struct{}{}
+					<-n.st.applied
+				}
 				n.st.release <- struct{}{}
 				<-n.done
 				n.st.paced.Store(false)

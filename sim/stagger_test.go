@@ -91,3 +91,24 @@ func TestStaggerPerNodeStoreCalls(t *testing.T) {
 	assert.Equal(t, []float64{2, 2, 2, 2}, calls("-stagger=false"))
 	assert.False(t, slices.Equal(staggered, calls("-stagger=false")), "-stagger changes when the nodes sync")
 }
+
+// A node that leaves while its paced cycle is in the reply's half of the
+// round trip (the store already applied the push) finishes that cycle and
+// leaves; the driver does not wait for an apply that already happened.
+// Here node 1 syncs at 1.004 s, the push is applied at 1.006 s and the
+// reply arrives at 1.008 s; it leaves at 1.007 s, and at 1.008 s before
+// the reply (the leave was scheduled first).
+func TestChurnDuringReply(t *testing.T) {
+	for _, at := range []string{"1007ms", "1008ms"} {
+		done := make(chan int, 1)
+		go func() {
+			done <- run([]string{"-nodes", "2", "-duration", "3s", "-modes", "async:10ms", "-store-latency", "4ms", "-churn", "1@" + at + "+1s", "-small=false", "-quiet"}, io.Discard, io.Discard)
+		}()
+		select {
+		case code := <-done:
+			assert.Equal(t, 0, code, "churn at %s", at)
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("churn at %s: the run is stuck (a leave between a paced cycle's apply and reply)", at)
+		}
+	}
+}
