@@ -328,7 +328,7 @@ func (d *driver) handle(e event) error {
 		n.st.release <- struct{}{}
 		err := <-n.done
 		n.st.paced.Store(false)
-		d.synced(e.node, err, e.at)
+		d.synced(e.node, err, n.cycleAt)
 	case evClock:
 		for _, i := range d.live {
 			_ = d.nodes[i].l.SyncClock(d.ctx)
@@ -369,7 +369,8 @@ func (d *driver) handle(e event) error {
 }
 
 // synced schedules node i's next cycle after one that started at at, as
-// the background loop does: every sync rate, backing off exponentially
+// the background loop does: every sync rate from the start of the last
+// cycle (with -store-latency, not from its reply), backing off exponentially
 // (with jitter) up to max(5s, rate) while the store fails.
 func (d *driver) synced(i int, err error, at int64) {
 	n := d.nodes[i]

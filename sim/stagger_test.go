@@ -112,3 +112,19 @@ func TestChurnDuringReply(t *testing.T) {
 		}
 	}
 }
+
+// With -store-latency a node's cycles start every sync rate, as the
+// background loop's (sync.Loop.Run schedules the next cycle from the
+// instant the last one started), not every rate plus the round trip. One
+// node syncing every 100 ms with a 50 ms round trip: the clock read at its
+// start, then cycles at 0.1 s … 0.9 s reach the store within the 1 s run
+// (the one at 1 s reaches it after the end), as without latency where the
+// cycle at 1 s is a call too.
+func TestStoreLatencyKeepsTheSyncRate(t *testing.T) {
+	calls := func(lat string) float64 {
+		reps, _ := runJSON(t, "-nodes", "1", "-keys", "1", "-pattern", "under", "-duration", "1s", "-modes", "async:100ms", "-store-latency", lat, "-small=false")
+		return reps[0]["store_calls"].(float64)
+	}
+	assert.Equal(t, 11.0, calls("0"))
+	assert.Equal(t, 10.0, calls("50ms"))
+}
