@@ -280,3 +280,20 @@ func TestEveryAlgorithmMatchesItsReference(t *testing.T) {
 		})
 	}
 }
+
+// The small-limit table offers the load its rows print, 2× and 0.8× of
+// the small limit, whatever -rate the main table runs at: with -rate 10000
+// (1× of ten keys at 1000/1s) its rows are those of the default run.
+func TestSmallTableLoad(t *testing.T) {
+	small := func(args ...string) string {
+		var out bytes.Buffer
+		code := run(append([]string{"-duration", "2s", "-modes", "local", "-quiet"}, args...), &out, io.Discard)
+		require.Equal(t, 0, code)
+		_, table, ok := strings.Cut(out.String(), "small limit:")
+		require.True(t, ok, out.String())
+		return table
+	}
+	want := small()
+	assert.Contains(t, want, "2.0×      4031", "2× of 10 keys at 100/1s for 2 s: about 4000 requests")
+	assert.Equal(t, want, small("-rate", "10000"))
+}

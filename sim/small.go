@@ -31,10 +31,8 @@ func writeSmall(w io.Writer, o *options, stderr io.Writer) error {
 	for _, load := range []float64{2, 0.8} {
 		run := small
 		run.Overload = load
+		// The load the row prints, whatever -rate the main table runs at.
 		run.Rate = load * float64(run.Keys) * float64(run.Rules[0].Limit) / run.Rules[0].Window.Seconds()
-		if o.set["rate"] {
-			run.Rate = o.Rate * load / o.Overload / 10
-		}
 		reps, err := runModes(&run, run.Modes, fmt.Sprintf("small%v", load), stderr)
 		if err != nil {
 			return err
