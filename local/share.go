@@ -44,9 +44,10 @@ const (
 	// admitting a little, and grows back when the others leave room.
 	shareMin = 1.0 / 256
 	// shareMinCount is the least this node admits per sync period when
-	// the key runs at the limit (share × limit × period / window) for the
-	// share to decide: below it, a share of a handful of requests denies
-	// what an exact limiter admits, and the plain rule decides.
+	// the key runs at the limit (share × limit × period / window; for a
+	// Buckets rule, over one bucket, Rule.w) for the share to decide:
+	// below it, a share of a handful of requests denies what an exact
+	// limiter admits, and the plain rule decides.
 	shareMinCount = 1.5
 	// lagFactor is how far, in sync periods, the other nodes' increments
 	// are on average behind this node's sync: half, when the nodes sync
