@@ -33,6 +33,8 @@ func TestConfigValidation(t *testing.T) {
 		{"buckets missing", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Type: Bucketed}}}, "Config.Rules[0].Buckets is 0, want 2 to 64 for a Bucketed rule"},
 		{"buckets uneven", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Type: Bucketed, Buckets: 7}}}, "Config.Rules[0].Buckets is 7, which does not divide Window 1s into whole milliseconds"},
 		{"buckets on sliding", Config{Rules: []Rule{{Limit: 5, Window: time.Second, Buckets: 10}}}, "Config.Rules[0].Buckets is 10, but only a Bucketed rule has buckets"},
+		{"window shorter than a sync", Config{Rules: []Rule{{Limit: 5, Window: 50 * time.Millisecond}}, Mode: ModeAsync, Store: mem}, "Config.Rules[0] has a window of 50ms, shorter than Config.SyncRate 100ms: in ModeAsync a window lasts at least a sync period"},
+		{"fixed window shorter than a sync", Config{Rules: []Rule{ok[0], {Limit: 5, Window: 500 * time.Millisecond, Type: Fixed}}, Mode: ModeAsync, Store: mem, SyncRate: time.Second}, "Config.Rules[1] has a window of 500ms, shorter than Config.SyncRate 1s"},
 		{"log shorter than two syncs", Config{Rules: []Rule{{Limit: 5, Window: 150 * time.Millisecond, Type: Log}}, Mode: ModeAsync, Store: mem, SyncRate: 100 * time.Millisecond}, "Config.Rules[0] is a Log rule of 150ms: in ModeAsync it counts in at least 2 buckets of at least Config.SyncRate 100ms each, so its Window must be at least 200ms"},
 		// In ModeAsync a Log rule of 1s counts in 10 buckets of 100ms at a
 		// 50ms sync, the store keys of a Bucketed rule of 1s in 10: both

@@ -33,6 +33,12 @@ func checkAsyncRules(field string, rules []Rule, syncRate time.Duration) error {
 			// increments of one closed bucket besides the last.
 			return fmt.Errorf("hybridlimit: %s[%d] has buckets of %v, shorter than Config.SyncRate %v: in ModeAsync a bucket lasts at least a sync period", field, i, r.Window/time.Duration(r.Buckets), syncRate)
 		}
+		if (r.Type == Sliding || r.Type == Fixed) && r.Window < syncRate {
+			// The same for a window: a counter keeps the increments of one
+			// window older than the previous one until a sync takes them,
+			// and a faster window would drop admitted increments unpushed.
+			return fmt.Errorf("hybridlimit: %s[%d] has a window of %v, shorter than Config.SyncRate %v: in ModeAsync a window lasts at least a sync period", field, i, r.Window, syncRate)
+		}
 		if r.Type == Log && logBuckets(r.Window, syncRate) < 2 {
 			return fmt.Errorf("hybridlimit: %s[%d] is a Log rule of %v: in ModeAsync it counts in at least 2 buckets of at least Config.SyncRate %v each, so its Window must be at least %v (or use ModeSynchronous for an exact log)", field, i, r.Window, syncRate, 2*syncRate)
 		}
