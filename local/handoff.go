@@ -187,9 +187,10 @@ func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
 		default:
 			// A window older than the previous one: delivered.
 			t.fly(e, p.Rule, -p.Delta)
-			if t.rules[p.Rule].kind == Buckets && p.kind != pushStale {
-				// Read as the current or previous bucket, answered after
-				// the counter moved on: still a bucket of the window.
+			if p.Reads() && t.rules[p.Rule].kind == Buckets {
+				// A closed bucket still in the window, which the counter
+				// rolled away from while the read was on its way: no
+				// later take reads it, so what the store read counts.
 				t.settleOld(e, p.Rule, p.Win, totals[k])
 			}
 		}
