@@ -258,9 +258,11 @@ func (t *Table) Release(e *Entry, pushes []Push) {
 		default:
 			t.fly(e, p.Rule, -p.Delta)
 			dropped += t.stash(e, p.Rule, p.Win, p.Delta)
-			if t.rules[p.Rule].kind == Buckets && p.kind != pushStale && t.inWindow(e, p.Rule, p.Win) {
-				// A read of a bucket the counter has moved past: the next
-				// take reads the older buckets again.
+			if p.Reads() && t.rules[p.Rule].kind == Buckets && t.inWindow(e, p.Rule, p.Win) {
+				// A closed bucket that no later take reads as the previous
+				// one: the next take reads it with all the older ones (the
+				// counter may have rolled past several buckets since, and
+				// the newest one it holds tells nothing of this one).
 				t.ext(e).oldReads |= oldAll << p.Rule
 			}
 		}

@@ -16,16 +16,20 @@ import (
 // late in it, and the take after it, which reads x as the previous bucket,
 // is answered after a decision in x+2 rolled the counter over again. The
 // node saw x without the other node's last increments for the rest of the
-// window: 6 instead of 9.
+// window: 6 instead of 9. When that take's batch fails instead, the next
+// take reads x with the older buckets.
 func TestBucketReadAnsweredAfterARolloverIsKept(t *testing.T) {
 	const bw = int64(100 * time.Millisecond)
 	rule := NewRule(Spec{Kind: Buckets, Limit: 1000, Window: 4 * time.Duration(bw), Buckets: 4})
 	cases := []struct {
-		name  string
-		delta int64 // this node's increments of bucket x that the late read pushes
+		name   string
+		delta  int64 // this node's increments of bucket x that the late read pushes
+		failed bool  // the late read's batch fails: the next take reads x again
 	}{
-		{"a read", 0},
-		{"a push", 2},
+		{"a read", 0, false},
+		{"a push", 2, false},
+		{"a failed read", 0, true},
+		{"a failed push", 2, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -62,7 +66,11 @@ func TestBucketReadAnsweredAfterARolloverIsKept(t *testing.T) {
 			require.True(t, allow(t, tb, "k", 1, at(x+1, 95))) // rolls over into x+1
 			ps, _ = tb.Take(e, at(x+1, 99), nil)               // reads x, the previous bucket, once
 			require.True(t, allow(t, tb, "k", 1, at(x+2, 1)))  // rolls over into x+2 while the read is on its way
-			tb.Settle(e, at(x+2, 2), ps, apply(ps))
+			if c.failed {
+				tb.Release(e, ps)
+			} else {
+				tb.Settle(e, at(x+2, 2), ps, apply(ps))
+			}
 			for range 3 { // the next syncs
 				ps, _ = tb.Take(e, at(x+2, 50), nil)
 				tb.Settle(e, at(x+2, 50), ps, apply(ps))
