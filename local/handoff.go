@@ -73,32 +73,45 @@ func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 			st.flying += st.n
 			st.n = 0
 		}
-		dst = t.takeOld(e, i, win, dst)
+		dst = t.takeOld(e, i, win, now, dst)
 	}
 	return dst, again
 }
 
-// takeOld appends to dst, when the counter of Buckets rule i of e has
-// just taken up the key (Entry's oldReads), reads of the closed buckets of
-// window win older than the previous one (whose read is pushPrev): what
-// the other nodes counted there while this node did not read the key. A
-// new entry reads them all. After a rollover past the next bucket, it
-// reads the bucket it left (which it last read while it was current) and
-// the later ones, and any it holds nothing of: the older ones it read
-// after they closed, as the previous bucket. Only the first take after the
-// counter took up the key reads them; in steady state a bucket is read
-// while it is the previous one. Call with e's mutex held.
-func (t *Table) takeOld(e *Entry, i int, win int64, dst []Push) []Push {
+// takeOld appends to dst, for Buckets rule i of e whose counter is in
+// window win at now, reads of the closed buckets of the window older than
+// the previous one (whose read is pushPrev) that the node must read:
+//
+//   - when the counter has just taken up the key (Entry's oldReads), what
+//     the other nodes counted there while this node did not read the key.
+//     A new entry reads them all. After a rollover past the next bucket,
+//     it reads the bucket it left (which it last read while it was
+//     current) and the later ones, and any it holds nothing of: the older
+//     ones it read after they closed, as the previous bucket. Only the
+//     first take after the counter took up the key reads them.
+//   - a bucket that ended less than ReadPrev ago: the other nodes push
+//     their last increments of a bucket within a sync period of its end,
+//     which may be after it stopped being the previous one (a bucket of
+//     less than two sync periods).
+//
+// In steady state a bucket of two sync periods or more is read while it
+// is the previous one. Call with e's mutex held.
+func (t *Table) takeOld(e *Entry, i int, win, now int64, dst []Push) []Push {
 	if t.rules[i].kind != Buckets {
 		return dst
 	}
+	r := &t.rules[i]
+	first := win - r.span + 1
+	late := max((now-t.readPrev)/r.w, first) // the oldest bucket that ended less than ReadPrev ago
 	x := t.ext(e)
 	if x == nil || x.oldReads&((oldAll|oldSkip)<<i) == 0 {
+		for id := late; id < win-1; id++ {
+			dst = append(dst, Push{Rule: i, Win: id, kind: pushOld})
+		}
 		return dst
 	}
-	r := &t.rules[i]
 	h := x.hist[t.histOff[i] : t.histOff[i]+int(r.span)]
-	from := win - r.span + 1
+	from := first
 	if x.oldReads&(oldAll<<i) == 0 {
 		// The newest bucket this node holds: the one it left.
 		for id := win - 2; id >= from; id-- {
@@ -109,8 +122,8 @@ func (t *Table) takeOld(e *Entry, i int, win int64, dst []Push) []Push {
 		}
 	}
 	x.oldReads &^= (oldAll | oldSkip) << i
-	for id := win - r.span + 1; id < win-1; id++ {
-		if id >= from || h[r.bucketSlot(id)].id.Load() != id {
+	for id := first; id < win-1; id++ {
+		if id >= from || id >= late || h[r.bucketSlot(id)].id.Load() != id {
 			dst = append(dst, Push{Rule: i, Win: id, kind: pushOld})
 		}
 	}
