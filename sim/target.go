@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/store"
 )
 
 // The -target search: the slowest async sync rate whose overshoot over the
@@ -15,7 +17,8 @@ import (
 // line.
 //
 //  1. ladder: 1ms, 2ms, 5ms, 10ms, ... up to the longest rule window (at
-//     most 1h, the slowest sync rate), run targetBatch at a time, fastest
+//     most 1h, the slowest sync rate, and at most the slowest rate the
+//     library accepts for the rules: targetUpper), run targetBatch at a time, fastest
 //     first, until every rate of a batch misses the target;
 //  2. refinement: between the slowest rate tried that met the target and
 //     the next rate tried (which missed it), targetSteps rates evenly
@@ -133,13 +136,45 @@ func (res *targetResult) fasterMisses() []candidate {
 }
 
 // targetUpper is the slowest sync rate searched: the longest rule window,
-// at most the slowest sync rate the library accepts.
+// at most the slowest sync rate the library accepts (1h), and at most the
+// slowest one it accepts for these rules (a shorter window, a bucket or a
+// log's two buckets must last a sync period), which it finds by asking
+// New, to the millisecond.
 func targetUpper(rules []hybridlimit.Rule) time.Duration {
+	w := min(longestWindow(rules), time.Hour)
+	if acceptsRate(rules, w) || !acceptsRate(rules, time.Millisecond) {
+		return w // (rules no rate suits fail in New, with its error)
+	}
+	lo, hi := time.Millisecond, w // accepted, refused: acceptance only falls with the rate
+	for hi-lo > time.Millisecond {
+		mid := (lo + (hi-lo)/2).Truncate(time.Millisecond)
+		if acceptsRate(rules, mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// longestWindow returns the longest of rules' windows.
+func longestWindow(rules []hybridlimit.Rule) time.Duration {
 	var w time.Duration
 	for _, r := range rules {
 		w = max(w, r.Window)
 	}
-	return min(w, time.Hour)
+	return w
+}
+
+// acceptsRate reports whether New accepts rules in ModeAsync at sync rate
+// d.
+func acceptsRate(rules []hybridlimit.Rule, d time.Duration) bool {
+	l, err := hybridlimit.New(hybridlimit.Config{Rules: rules, Mode: hybridlimit.ModeAsync, SyncRate: d, Manual: true, Store: store.NewMemory(nil)})
+	if err != nil {
+		return false
+	}
+	_ = l.Close(context.Background())
+	return true
 }
 
 // targetLadder is 1ms, 2ms, 5ms, 10ms, ... below upper, then upper.

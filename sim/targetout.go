@@ -60,7 +60,11 @@ func writeTargetTable(w io.Writer, o *options, res *targetResult) error {
 	case a == nil:
 		fmt.Fprintf(w, "\nanswer: none. Even "+mode+":1ms overshoots by %+.2f%%, more than %+g%%: use the synchronous mode (-modes sync), exact at about one store call per request (or per batch of concurrent requests).\n", res.Tried[0].Rep.OvershootPct, res.Target)
 	case m == nil:
-		fmt.Fprintf(w, "\nanswer: "+mode+":%v (overshoot %+.2f%%, %.1f store calls/s): every rate tried up to the longest window, %v, is within %+g%%.\n", a.Rate, a.Rep.OvershootPct, callsPerSec(o, a.Rep), res.Upper, res.Target)
+		upto := "the longest window"
+		if res.Upper < longestWindow(o.Rules) {
+			upto = "the slowest rate these rules allow in ModeAsync"
+		}
+		fmt.Fprintf(w, "\nanswer: "+mode+":%v (overshoot %+.2f%%, %.1f store calls/s): every rate tried up to %s, %v, is within %+g%%.\n", a.Rate, a.Rep.OvershootPct, callsPerSec(o, a.Rep), upto, res.Upper, res.Target)
 	default:
 		fmt.Fprintf(w, "\nanswer: "+mode+":%v (overshoot %+.2f%%, %.1f store calls/s), the slowest sync rate tried within %+g%%; the next one tried, %v, overshoots %+.2f%%.\n", a.Rate, a.Rep.OvershootPct, callsPerSec(o, a.Rep), res.Target, m.Rate, m.Rep.OvershootPct)
 	}
