@@ -195,6 +195,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if err := checkCombinations(o, set); err != nil {
 		return nil, err
 	}
+	// 0 is the flags' default, picked by the pattern: given, it is out of
+	// range.
+	if set["keys"] && o.Keys == 0 {
+		return nil, usagef("-keys is 0, want 1 to 10000000")
+	}
+	if set["overload"] && o.Overload == 0 {
+		return nil, usagef("-overload is 0, want more than 0, at most 1000")
+	}
 	if o.Keys == 0 {
 		o.Keys = 10
 		if o.Pattern == "zipf" {
@@ -245,9 +253,19 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("-bucket %v makes %d points over -duration %v, want at most 100000", o.Bucket, o.Duration/o.Bucket, o.Duration)
 	case o.Realtime && o.Duration > 10*time.Minute:
 		return nil, usagef("-duration is %v with -realtime, want at most 10m of wall time", o.Duration)
+	case o.Outage.Dur > 0 && o.Outage.From >= o.Duration:
+		return nil, usagef("-outage starts at %v, want before the end of -duration (%v)", o.Outage.From, o.Duration)
+	case o.Churn.Dur > 0 && o.Churn.From >= o.Duration:
+		return nil, usagef("-churn starts at %v, want before the end of -duration (%v)", o.Churn.From, o.Duration)
+	case o.Trace != "" && o.Warmup >= o.Duration:
+		return nil, usagef("-warmup is %v, want 0 to less than the trace's length (%v)", o.Warmup, o.Duration)
 	}
 	if o.Rate == 0 {
-		o.Rate = o.Overload * float64(o.Keys) * perSecond(tightest(o.Rules))
+		per := perSecond(tightest(o.Rules))
+		o.Rate = o.Overload * float64(o.Keys) * per
+		if o.Rate > 1e7 {
+			return nil, usagef("-overload %v × -keys %d × the tightest rule's %v per second is %.3g requests per second, want at most 1e7: give -rate", o.Overload, o.Keys, per, o.Rate)
+		}
 	}
 	if o.Rate*o.Duration.Seconds() > 1e9 {
 		return nil, usagef("-rate %v over -duration %v is %.3g requests, want at most 1e9", o.Rate, o.Duration, o.Rate*o.Duration.Seconds())

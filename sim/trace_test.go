@@ -284,3 +284,14 @@ func TestTraceMissingFile(t *testing.T) {
 	assert.Contains(t, errb.String(), "sim: trace: open ")
 	assert.Contains(t, errb.String(), "no such file or directory")
 }
+
+// -warmup must leave part of a trace to measure: at or past the trace's
+// length it is refused, naming the length.
+func TestTraceWarmupPastItsEnd(t *testing.T) {
+	path := writeFile(t, "t.csv", "1893456000,a\n1893456000.5,b\n")
+	_, err := parseFlags([]string{"-trace", path, "-warmup", "1s"}, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "-warmup is 1s, want 0 to less than the trace's length (501ms)")
+	_, err = parseFlags([]string{"-trace", path, "-warmup", "100ms"}, io.Discard)
+	assert.NoError(t, err)
+}
