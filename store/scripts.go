@@ -156,8 +156,11 @@ return out
 // decided. A hash or list at a counter reads as absent (MGET): a decision
 // that only reads it, or an arrival time, which SET replaces, treats it so.
 var takeScript = newScript(prelude + `
-local seq = tonumber(ARGV[1])
-local nreq, nrules = tonumber(ARGV[4]), tonumber(ARGV[5])
+-- The client's numbers are converted by arithmetic (ARGV[i] + 0), which
+-- costs the server half what a call of tonumber does; what the store
+-- holds, which may be foreign, goes through tonumber.
+local seq = ARGV[1] + 0
+local nreq, nrules = ARGV[4] + 0, ARGV[5] + 0
 local ra = 6
 local rb = ra + 5 * nrules
 local done
@@ -171,13 +174,13 @@ if done then
   status = 1
 else
   local t = redis.call('TIME')
-  if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[3]) then return {2} end
+  if t[1] * 1000000 + t[2] > ARGV[3] + 0 then return {2} end
 end
 local kind, limit, w, span, longlog, nkeys = {}, {}, {}, {}, {}, {}
 for i = 1, nrules do
   local b = ra + 5 * (i - 1)
-  kind[i], limit[i], w[i] = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-  span[i], longlog[i] = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+  kind[i], limit[i], w[i] = ARGV[b] + 0, ARGV[b + 1] + 0, ARGV[b + 2] + 0
+  span[i], longlog[i] = ARGV[b + 3] + 0, ARGV[b + 4] + 0
   if kind[i] == 0 then nkeys[i] = 2 elseif kind[i] == 2 then nkeys[i] = span[i] else nkeys[i] = 1 end
 end
 -- Every counter of the call (not the logs) is read by MGET at once, a
@@ -230,7 +233,7 @@ for q = 0, nreq - 1 do
   -- to 3) are compared as strings: a Lua number formatted back into a
   -- string, or a string parsed, costs more than the INCRBY.
   local cs, fs = ARGV[rb + 3 * q], ARGV[rb + 3 * q + 1]
-  local cost, now = tonumber(cs), tonumber(ARGV[rb + 3 * q + 2])
+  local cost, now = cs + 0, ARGV[rb + 3 * q + 2] + 0
   local peek, penalty = fs == '1' or fs == '3', fs == '2' or fs == '3'
   local ok = 1
   no = no + 1
