@@ -241,8 +241,10 @@ type Config struct {
 	// ClockSync is how often, in ModeAsync and ModeSynchronous, a node
 	// measures its offset to the store's clock (Store.Time): 1s to 1h,
 	// default DefaultClockSync. Window boundaries then follow the store's
-	// clock on every node, whatever their own clocks say. A negative value
-	// keeps each node on its own clock.
+	// clock on every node, whatever their own clocks say. A read whose
+	// round trip exceeds StoreTimeout/4 is imprecise: it is kept only when
+	// better than the offset in use, and the clock is read again at the
+	// next sync cycle. A negative value keeps each node on its own clock.
 	ClockSync time.Duration
 
 	// OnError, if set, is called with every store error, from the

@@ -77,9 +77,13 @@ type Loop struct {
 	scratch  []*local.Entry // one chunk of touched entries
 	free     []*batch
 
-	stats   counters
-	offset  atomic.Int64
-	failing atomic.Bool
+	stats  counters
+	offset atomic.Int64
+	// clockRTT is the round trip of the clock reading offset comes from
+	// (negative: none yet), under clockMu.
+	clockMu  sync.Mutex
+	clockRTT time.Duration
+	failing  atomic.Bool
 	// failed holds the groups whose batches failed in the last cycle, or
 	// nil when the whole store failed (a probe).
 	failed      atomic.Pointer[map[int]bool]
@@ -156,7 +160,7 @@ func (l *Loop) sendTouched(ctx context.Context, final bool) (result, int) {
 // New returns a loop for cfg. Its Backoff is cfg.Rate until Run changes
 // it, also when Run never runs (the caller runs the cycles).
 func New(cfg Config) *Loop {
-	l := &Loop{cfg: cfg}
+	l := &Loop{cfg: cfg, clockRTT: -1}
 	l.stats.backoff.Store(int64(cfg.Rate))
 	return l
 }
@@ -305,7 +309,24 @@ func (l *Loop) probe(ctx context.Context) error {
 // MeasureOffset reads the store's clock and records its offset to this
 // node's clock, correcting for half the round trip. Decisions add the
 // offset so that every node's windows follow the store's clock.
+//
+// The offset's error is up to half the round trip, and a synchronous
+// request's deadline, half of Timeout after its sending, is set on that
+// offset: a clock read slowed by a hung server or network (up to Timeout)
+// would move every deadline by up to half of it, until the next read, and
+// a server resuming from a hang would then count requests its client had
+// given up on. A reading whose round trip exceeds a quarter of Timeout is
+// therefore imprecise: it replaces the offset only if none was measured
+// yet or the offset in use came from a slower reading, and Run reads again
+// at its next cycle rather than after ClockSync.
 func (l *Loop) MeasureOffset(ctx context.Context) error {
+	_, err := l.measureOffset(ctx)
+	return err
+}
+
+// measureOffset is MeasureOffset, and reports whether the reading was
+// precise.
+func (l *Loop) measureOffset(ctx context.Context) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	defer cancel()
 	c := l.cfg.Clock
@@ -314,11 +335,18 @@ func (l *Loop) MeasureOffset(ctx context.Context) error {
 	l.stats.calls.Add(1)
 	if err != nil {
 		l.report(err) // the next cycle or probe tells whether the store fails
-		return err
+		return false, err
 	}
 	t1 := c.Now()
-	l.offset.Store(int64(st.Sub(t0.Add(t1.Sub(t0) / 2))))
-	return nil
+	rtt := t1.Sub(t0)
+	precise := rtt <= l.cfg.Timeout/4
+	l.clockMu.Lock()
+	defer l.clockMu.Unlock()
+	if precise || l.clockRTT < 0 || rtt < l.clockRTT {
+		l.offset.Store(int64(st.Sub(t0.Add(rtt / 2))))
+		l.clockRTT = rtt
+	}
+	return precise, nil
 }
 
 // Run runs cycles every Rate (backing off exponentially, with jitter, up
@@ -334,9 +362,17 @@ func (l *Loop) Run(stop <-chan struct{}) {
 	}()
 	c := l.cfg.Clock
 	now := c.Now()
+	// The clock is read again after ClockSync, or at the next cycle after
+	// an imprecise reading (see MeasureOffset).
+	clockAfter := func() time.Duration {
+		if ok, err := l.measureOffset(ctx); err == nil && !ok && l.cfg.Rate < l.cfg.ClockSync {
+			return l.cfg.Rate
+		}
+		return l.cfg.ClockSync
+	}
 	nextClock := now.Add(l.cfg.ClockSync)
 	if l.cfg.ClockSync > 0 {
-		_ = l.MeasureOffset(ctx)
+		nextClock = now.Add(clockAfter())
 	}
 	delay := l.cfg.Rate
 	l.stats.backoff.Store(int64(delay))
@@ -372,8 +408,7 @@ func (l *Loop) Run(stop <-chan struct{}) {
 			nextSync = now.Add(delay)
 		}
 		if l.cfg.ClockSync > 0 && !now.Before(nextClock) {
-			_ = l.MeasureOffset(ctx)
-			nextClock = now.Add(l.cfg.ClockSync)
+			nextClock = now.Add(clockAfter())
 		}
 	}
 }
