@@ -70,9 +70,11 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 		// would find every call's outcome but the last's lost. A call
 		// whose marker an earlier call of the lane has goes on another
 		// stream.
-		streams := []*takeStream{s.stream()}
+		stream := s.stream()
+		var more []*takeStream // only when two calls would share a marker
 		defer func() {
-			for _, t := range streams {
+			s.releaseStream(stream)
+			for _, t := range more {
 				s.releaseStream(t)
 			}
 		}()
@@ -92,13 +94,12 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			}
 			addrs[i] = addr
 			c.seq = s.seq.Add(1)
-			for k := 0; ; k++ {
-				if k == len(streams) {
-					streams = append(streams, s.stream())
+			c.marker = stream.marker(c.reqs[0].Prefix, s.slotOf(c.group))
+			for k := 0; used[c.marker]; k++ {
+				if k == len(more) {
+					more = append(more, s.stream())
 				}
-				if c.marker = streams[k].marker(c.reqs[0].Prefix, s.slotOf(c.group)); !used[c.marker] {
-					break
-				}
+				c.marker = more[k].marker(c.reqs[0].Prefix, s.slotOf(c.group))
 			}
 			if used != nil {
 				used[c.marker] = true
