@@ -67,9 +67,9 @@ func (g *gateStore) quiet(t *testing.T, why string) {
 func queued(t *testing.T, l *Limiter, n int) {
 	t.Helper()
 	for start := time.Now(); ; time.Sleep(time.Millisecond) {
-		l.sync.mu.Lock()
-		got := len(l.sync.queue)
-		l.sync.mu.Unlock()
+		l.sync.one.mu.Lock()
+		got := len(l.sync.one.queue)
+		l.sync.one.mu.Unlock()
 		if got == n {
 			return
 		}

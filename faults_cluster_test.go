@@ -55,24 +55,27 @@ func TestFaultClusterMasterKilled(t *testing.T) {
 	}
 }
 
+// setCoverage sets cluster-require-full-coverage on the servers at addrs.
+// Setting "yes", the default, ignores a failure: a server may be down.
+func setCoverage(t *testing.T, addrs []string, v string) {
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1, DialTimeout: faultIO, ReadTimeout: faultIO})
+		err := c.ConfigSet(context.Background(), "cluster-require-full-coverage", v).Err()
+		_ = c.Close()
+		if v != "yes" {
+			require.NoError(t, err, "CONFIG SET on %s", a)
+		}
+	}
+}
+
 func clusterMasterKilled(t *testing.T, coverage string) {
 	redistest.Destructive(t)
 	shards := redistest.WaitClusterOK(t, 30*time.Second)
 	require.Len(t, shards, 3)
 	addrs := redistest.ClusterAddrs(t)
 	victim := shards[1]
-	setCoverage := func(v string) {
-		for _, a := range addrs {
-			c := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1, DialTimeout: faultIO, ReadTimeout: faultIO})
-			err := c.ConfigSet(context.Background(), "cluster-require-full-coverage", v).Err()
-			_ = c.Close()
-			if v != "yes" { // restoring the default after the kill: the victim is down
-				require.NoError(t, err, "CONFIG SET on %s", a)
-			}
-		}
-	}
-	setCoverage(coverage)
-	t.Cleanup(func() { setCoverage("yes") }) // before the heal, which restarts the victim with the default
+	setCoverage(t, addrs, coverage)
+	t.Cleanup(func() { setCoverage(t, addrs, "yes") }) // before the heal, which restarts the victim with the default
 
 	const perShardAsync, perShardSync = 4, 2
 	var asyncKeys, syncKeys, killedAsync, killedSync, healthyAsync, healthySync []string

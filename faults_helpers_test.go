@@ -80,6 +80,16 @@ func (w *watched) Take(ctx context.Context, reqs []*store.TakeRequest) error {
 	return err
 }
 
+// Route implements store.Router when the inner store does, so that a
+// watched Redis Cluster store batches its synchronous decisions per
+// master as the bare one does.
+func (w *watched) Route(prefix, key string) int {
+	if r, ok := w.Store.(store.Router); ok {
+		return r.Route(prefix, key)
+	}
+	return 0
+}
+
 // newRedisStore returns a store.Redis on c with the default options.
 func newRedisStore(t *testing.T, c redis.UniversalClient) *store.Redis {
 	t.Helper()

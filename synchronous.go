@@ -20,6 +20,9 @@ import (
 // the queue on when no other batch is on its way, or when the queue is as
 // large as the other one. Under load a round trip then carries more
 // decisions, and a decision that finds no batch on its way leaves at once.
+// With a store that is a store.Router (the Redis store on a Redis
+// Cluster), each route (master) has its own queue and batches, so that a
+// master that hangs holds only the decisions on its own keys.
 //
 // A request the store did not decide (it failed, or its answer was lost)
 // is decided by the FailurePolicy on this node's table, whose increments
@@ -36,18 +39,31 @@ import (
 const (
 	maxBatch    = 512 // decisions per round trip
 	maxInFlight = 2   // round trips on their way at once
+	maxRoutes   = 64  // queues of a store.Router's routes (more share them)
 )
 
 type synchronous struct {
 	l       *Limiter
 	timeout time.Duration
+	router  store.Router // nil: one queue
+	calls   atomic.Uint64
 
+	one    route                            // the queue without a Router
+	routes [maxRoutes]atomic.Pointer[route] // with one, made on first use
+	mu     sync.Mutex                       // makes routes
+}
+
+// route is the queue of the decisions of one route of the store (all of
+// them without a store.Router): its batches go out, at most maxInFlight
+// at once, whatever the other routes' do, so that a server that hangs
+// holds only the decisions on its own keys.
+type route struct {
+	s        *synchronous
 	mu       sync.Mutex
 	queue    []*call
 	inflight int // batches on their way
 	flying   int // calls in the batches on their way
 	free     []*batch
-	calls    atomic.Uint64
 }
 
 // call is one synchronous decision waiting for the store.
@@ -59,7 +75,7 @@ type call struct {
 
 // batch is the calls of one round trip and their requests. A batch's
 // arrays serve the next round trips once it is done: at most maxInFlight
-// batches exist.
+// batches exist per route.
 type batch struct {
 	calls []*call
 	reqs  []*store.TakeRequest
@@ -68,7 +84,29 @@ type batch struct {
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan bool, 1)} }}
 
 func newSynchronous(l *Limiter) *synchronous {
-	return &synchronous{l: l, timeout: l.cfg.StoreTimeout}
+	s := &synchronous{l: l, timeout: l.cfg.StoreTimeout}
+	s.one.s = s
+	s.router, _ = l.cfg.Store.(store.Router)
+	return s
+}
+
+// route returns the queue of the decisions on key.
+func (s *synchronous) route(key string) *route {
+	if s.router == nil {
+		return &s.one
+	}
+	i := uint(s.router.Route(s.l.cfg.Prefix, key)) % maxRoutes
+	if r := s.routes[i].Load(); r != nil {
+		return r
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.routes[i].Load()
+	if r == nil {
+		r = &route{s: s}
+		s.routes[i].Store(r)
+	}
+	return r
 }
 
 // decide makes one decision in the store, or by the FailurePolicy when
@@ -92,7 +130,7 @@ func (s *synchronous) decide(ctx context.Context, t *tier, key string, n int64, 
 		CountDenied: l.cfg.CountDenied,
 		Counts:      c.req.Counts,
 	}
-	s.do(c)
+	s.route(key).do(c)
 	req := &c.req
 	if req.Status != store.Applied {
 		l.loop.ReportError(req.Err)
@@ -137,7 +175,7 @@ func (s *synchronous) decide(ctx context.Context, t *tier, key string, n int64, 
 }
 
 // do has c.req decided by the store, alone or with others.
-func (s *synchronous) do(c *call) {
+func (s *route) do(c *call) {
 	s.mu.Lock()
 	s.queue = append(s.queue, c)
 	if s.inflight >= maxInFlight || s.inflight > 0 && len(s.queue) < s.flying {
@@ -156,7 +194,7 @@ func (s *synchronous) do(c *call) {
 
 // next removes the queue's head, up to maxBatch calls, and returns it as
 // a batch. Call with s.mu held.
-func (s *synchronous) next() *batch {
+func (s *route) next() *batch {
 	k := min(len(s.queue), maxBatch)
 	var b *batch
 	if n := len(s.free); n > 0 {
@@ -177,23 +215,24 @@ func (s *synchronous) next() *batch {
 
 // send sends b (whose first call is c) as one round trip, then hands its
 // slot over with the next batch to the queue's head, if any.
-func (s *synchronous) send(c *call, b *batch) {
+func (s *route) send(c *call, b *batch) {
 	c.batch = nil
 	batch := b.calls
 	// The deadline counts from the sending, not from the decision: a
 	// request that waited in the queue behind slow round trips (a dead
 	// shard's, until its circuit opens) still gets its full time in the
 	// store.
-	deadline := s.l.clock.now()/int64(time.Microsecond) + int64(s.timeout/2/time.Microsecond)
+	sy := s.s
+	deadline := sy.l.clock.now()/int64(time.Microsecond) + int64(sy.timeout/2/time.Microsecond)
 	reqs := b.reqs[:0]
 	for _, x := range batch {
 		x.req.Deadline = deadline
 		reqs = append(reqs, &x.req)
 	}
 	b.reqs = reqs
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-	s.calls.Add(1)
-	err := s.l.cfg.Store.Take(ctx, reqs)
+	ctx, cancel := context.WithTimeout(context.Background(), sy.timeout)
+	sy.calls.Add(1)
+	err := sy.l.cfg.Store.Take(ctx, reqs)
 	if err == nil {
 		err = ctx.Err()
 	}

@@ -10,7 +10,9 @@ import (
 // to that server fail at once, without being sent, until a backoff has
 // passed; then one call goes through as a probe, and its success closes
 // the circuit. A hung server thus costs one timeout per backoff, not one
-// per call, and a dead shard of a cluster never slows the healthy ones.
+// per call. A dead shard of a cluster never slows the healthy ones: the
+// calls to each master go out in their own pipelines, and the synchronous
+// mode queues each master's decisions apart (Router).
 type breaker struct {
 	min, max time.Duration
 	now      func() time.Time

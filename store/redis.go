@@ -53,6 +53,12 @@ type Redis struct {
 	nstreams int
 
 	calls atomic.Uint64
+
+	// With a Redis Cluster client, the route (Router) of each hash slot:
+	// the index in routeIdx of the master that last served a call for it.
+	routeOf  []atomic.Uint32
+	routeMu  sync.Mutex
+	routeIdx map[string]uint32
 }
 
 // RedisOptions configures NewRedis. The zero value selects the defaults.
@@ -127,6 +133,10 @@ func NewRedis(c redis.UniversalClient, o RedisOptions) (*Redis, error) {
 	_, _ = rand.Read(id[:])
 	s := &Redis{c: c, o: o, node: hex.EncodeToString(id[:]), deadlines: honorsDeadlines(c)}
 	s.cluster, _ = c.(*redis.ClusterClient)
+	if s.cluster != nil {
+		s.routeOf = make([]atomic.Uint32, Slots)
+		s.routeIdx = map[string]uint32{}
+	}
 	if o.BreakerMin > 0 {
 		s.breaker = newBreaker(o.BreakerMin, o.BreakerMax)
 	}
@@ -230,7 +240,34 @@ func (s *Redis) server(ctx context.Context, g int) string {
 	if err != nil {
 		return ""
 	}
-	return c.Options().Addr
+	addr := c.Options().Addr
+	s.noteRoute(g, addr)
+	return addr
+}
+
+// Route implements Router: with a Redis Cluster client, the route of a
+// key is the master that served the last call for its hash slot (0 for a
+// slot no call went to yet); with any other client, 0. It reads what
+// earlier calls learnt and sends nothing.
+func (s *Redis) Route(prefix, key string) int {
+	if s.routeOf == nil {
+		return 0
+	}
+	return int(s.routeOf[Slot(key)].Load())
+}
+
+// noteRoute records that addr serves hash slot g, for Route.
+func (s *Redis) noteRoute(g int, addr string) {
+	s.routeMu.Lock()
+	r, ok := s.routeIdx[addr]
+	if !ok {
+		r = uint32(len(s.routeIdx))
+		s.routeIdx[addr] = r
+	}
+	s.routeMu.Unlock()
+	if s.routeOf[g].Load() != r {
+		s.routeOf[g].Store(r)
+	}
 }
 
 // allow reports whether a call to the server of group g may be sent, and

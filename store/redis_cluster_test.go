@@ -30,6 +30,45 @@ func keyOn(shard redistest.ClusterShard, prefix string) string {
 	}
 }
 
+// Route names a key's master once a call went to its slot: keys of one
+// master share a route, keys of different masters do not, and a slot no
+// call went to yet is on route 0. A standalone store has one route.
+func TestRedisClusterRoute(t *testing.T) {
+	shards := redistest.WaitClusterOK(t, 30*time.Second)
+	require.Len(t, shards, 3)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := store.NewRedis(c, store.RedisOptions{})
+	require.NoError(t, err)
+	pfx := redistest.Prefix(t)
+	rule := wr(100, 60_000)
+	var keys [3][2]string
+	for i, sh := range shards {
+		keys[i] = [2]string{keyOn(sh, "a"), keyOn(sh, "b")}
+		require.NotEqual(t, store.Slot(keys[i][0]), store.Slot(keys[i][1]))
+	}
+	for i := range keys {
+		assert.Zero(t, s.Route(pfx, keys[i][0]), "before any call")
+	}
+	for i := range keys {
+		for _, k := range keys[i] {
+			take(t, s, newTake(pfx, k, future, 1, true, false, rule))
+		}
+	}
+	routes := map[int]bool{}
+	for i := range keys {
+		r := s.Route(pfx, keys[i][0])
+		assert.Equal(t, r, s.Route(pfx, keys[i][1]), "two keys of one master")
+		routes[r] = true
+	}
+	assert.Len(t, routes, 3, "three masters, three routes")
+
+	one, err := store.NewRedis(redistest.Client(t), store.RedisOptions{})
+	require.NoError(t, err)
+	take(t, one, newTake(pfx, "k", future, 1, true, false, rule))
+	assert.Zero(t, one.Route(pfx, "k"))
+}
+
 // One master of the cluster hangs (SIGSTOP, shorter than the cluster's
 // node timeout, so no failover) while a Push and a Take carry calls for
 // every shard. The calls to the healthy masters are applied and reported

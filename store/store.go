@@ -57,6 +57,20 @@ type Store interface {
 	Time(ctx context.Context) (time.Time, error)
 }
 
+// Router is implemented by a Store whose keys live on several servers
+// that answer independently, such as the Redis store with a Redis Cluster
+// client. The synchronous mode queues and sends the decisions of each
+// route apart, so that a server that hangs delays only the decisions on
+// its own keys.
+type Router interface {
+	// Route returns the route of the requests on key under prefix: a small
+	// non-negative integer naming the server that holds its counters as
+	// far as the store knows. A key may change route when the servers do.
+	// Route is called for every synchronous decision: it must be cheap,
+	// send nothing and never block.
+	Route(prefix, key string) int
+}
+
 // Counter names one counter of one user key: a window's count, or (when
 // Rate is set) a token or leaky bucket's arrival time.
 type Counter struct {
