@@ -328,12 +328,12 @@ func (l *Limiter) failingClosed(key string) bool {
 
 // untrackedResult is the answer for a new key of t while the table is
 // full, before its cost is counted: admitted under FailOpen, denied under
-// FailClosed, degraded either way.
+// FailClosed (nothing remaining, as failClosed), degraded either way.
 func (l *Limiter) untrackedResult(t *tier) Result {
 	res := t.fresh()
 	res.Degraded = true
 	if l.cfg.FailurePolicy == FailClosed {
-		res.Allowed, res.RetryAfter = false, time.Second
+		res.Allowed, res.Remaining, res.RetryAfter = false, 0, time.Second
 	}
 	return res
 }

@@ -30,6 +30,7 @@ func TestPeekNewKeyWhileTableFull(t *testing.T) {
 			assert.Equal(t, int64(2), peek.Remaining, "%v: Remaining before the request", fp)
 		} else {
 			assert.Equal(t, res, peek, "%v", fp)
+			assert.Equal(t, int64(0), res.Remaining, "%v: a denial admits nothing", fp)
 		}
 		// A tracked key is peeked as usual.
 		peek, err = l.Peek(ctx, "a")

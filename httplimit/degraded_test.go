@@ -62,3 +62,25 @@ func TestFailClosedStoreDown(t *testing.T) {
 	assert.Equal(t, "about:blank", p["type"])
 	assert.Equal(t, "the rate limiter cannot decide and fails closed; retry after 1 s", p["detail"])
 }
+
+// A full key table under FailClosed denies a new key by the failure
+// policy: RateLimit-Remaining says 0 like the draft field, not the rule's
+// untouched limit.
+func TestFailClosedTableFull(t *testing.T) {
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules:         []hybridlimit.Rule{{Limit: 10, Window: time.Second}, {Limit: 50, Window: time.Minute}},
+		MaxKeys:       1,
+		FailurePolicy: hybridlimit.FailClosed,
+		Manual:        true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	h := mustNew(t, l, remoteIP(t), httplimit.Options{}).Wrap(ok)
+	require.Equal(t, 200, do(h, "192.0.2.1:1").Code)
+	w := do(h, "192.0.2.2:1") // a new key: the table is full
+	assert.Equal(t, 429, w.Code)
+	assert.Equal(t, "1", w.Header().Get("Retry-After"))
+	assert.Equal(t, "0", w.Header().Get("RateLimit-Remaining"))
+	assert.Equal(t, "1", w.Header().Get("RateLimit-Reset"))
+	assert.Equal(t, `"1s";r=0;t=1, "1m";r=0;t=1`, w.Header().Get("RateLimit"))
+}
