@@ -18,7 +18,9 @@
 package prom
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -64,7 +66,8 @@ type Collector struct {
 // NewCollector returns a collector without a limiter: wire its ObserveSync
 // into Config.OnSync, create the limiter, then call SetLimiter. Until
 // then it exports the histogram only. It panics on invalid Buckets or a
-// constant label named "le", like prometheus.NewHistogramVec; other
+// constant label named "le", like prometheus.NewHistogramVec (NewLimiter
+// returns an error for them instead); other
 // invalid ConstLabels (names or values Prometheus refuses) make Register
 // fail, and Collect sends metrics whose Write returns the error.
 func NewCollector(opts Options) *Collector {
@@ -127,8 +130,13 @@ func (c *Collector) ObserveSync(latency time.Duration, ops int, err error) {
 
 // NewLimiter creates a limiter from cfg with a collector wired in: the
 // collector's ObserveSync is chained after any cfg.OnSync. Register the
-// collector with a prometheus.Registerer.
+// collector with a prometheus.Registerer. Where NewCollector panics
+// (Buckets not increasing, a constant label named "le"), NewLimiter
+// returns an error naming the field and creates no limiter.
 func NewLimiter(cfg hybridlimit.Config, opts Options) (*hybridlimit.Limiter, *Collector, error) {
+	if err := checkHistogram(opts); err != nil {
+		return nil, nil, err
+	}
 	c := NewCollector(opts)
 	if prev := cfg.OnSync; prev != nil {
 		cfg.OnSync = func(latency time.Duration, ops int, err error) {
@@ -144,6 +152,24 @@ func NewLimiter(cfg hybridlimit.Config, opts Options) (*hybridlimit.Limiter, *Co
 	}
 	c.SetLimiter(l)
 	return l, c, nil
+}
+
+// checkHistogram returns an error for the Options prometheus.NewHistogramVec
+// panics on: upper bounds that do not increase (NaN among them) and a
+// constant label named "le", the bucket label.
+func checkHistogram(opts Options) error {
+	if _, ok := opts.ConstLabels["le"]; ok {
+		return errors.New(`prom: Options.ConstLabels has "le", want another name: the histogram's bucket label`)
+	}
+	for i, b := range opts.Buckets {
+		switch {
+		case math.IsNaN(b):
+			return fmt.Errorf("prom: Options.Buckets[%d] is NaN, want a number", i)
+		case i > 0 && b <= opts.Buckets[i-1]:
+			return fmt.Errorf("prom: Options.Buckets[%d] is %v, want above Buckets[%d] (%v): increasing upper bounds", i, b, i-1, opts.Buckets[i-1])
+		}
+	}
+	return nil
 }
 
 // Describe sends the descriptors of every metric the collector exports.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -225,4 +226,30 @@ func labels(ls []*dto.LabelPair) string {
 		parts = append(parts, l.GetName()+"="+l.GetValue())
 	}
 	return strings.Join(parts, ",")
+}
+
+// NewLimiter returns an error, not a panic, for Options that
+// NewCollector panics on (as prometheus.NewHistogramVec does), and creates
+// no limiter then.
+func TestNewLimiterInvalidOptions(t *testing.T) {
+	cfg := hybridlimit.Config{Rules: []hybridlimit.Rule{{Limit: 5, Window: time.Minute}}}
+	for _, c := range []struct {
+		opts prom.Options
+		want string
+	}{
+		{prom.Options{Buckets: []float64{2, 1}}, "prom: Options.Buckets[1] is 1, want above Buckets[0] (2): increasing upper bounds"},
+		{prom.Options{Buckets: []float64{1, 1}}, "prom: Options.Buckets[1] is 1, want above Buckets[0] (1): increasing upper bounds"},
+		{prom.Options{Buckets: []float64{1, math.NaN()}}, "prom: Options.Buckets[1] is NaN, want a number"},
+		{prom.Options{ConstLabels: prometheus.Labels{"le": "x"}}, `prom: Options.ConstLabels has "le", want another name: the histogram's bucket label`},
+	} {
+		var err error
+		require.NotPanics(t, func() { _, _, err = prom.NewLimiter(cfg, c.opts) }, "%+v", c.opts)
+		assert.EqualError(t, err, c.want)
+	}
+	// The implicit +Inf bucket may be given, and the empty list is valid.
+	for _, b := range [][]float64{{0.1, math.Inf(1)}, {}} {
+		l, _, err := prom.NewLimiter(cfg, prom.Options{Buckets: b})
+		require.NoError(t, err, "%v", b)
+		require.NoError(t, l.Close(context.Background()))
+	}
 }
