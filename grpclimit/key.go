@@ -60,7 +60,8 @@ type IPOptions struct {
 	// Metadata is the key of the forwarded metadata, holding a
 	// comma-separated list of addresses, each proxy appending the address
 	// it received the call from: default DefaultForwardedMetadata. Keys
-	// are case-insensitive.
+	// are case-insensitive. RFC 7239's forwarded, whose entries are not
+	// bare addresses, is refused.
 	Metadata string
 	// IPv6Bits, if between 1 and 127, keys IPv6 clients on their
 	// /IPv6Bits network instead of their full address (64 keys a client's
@@ -90,6 +91,9 @@ func PeerIP(opts IPOptions) (KeyFunc, error) {
 	name := strings.ToLower(opts.Metadata)
 	if name == "" {
 		name = DefaultForwardedMetadata
+	}
+	if name == "forwarded" {
+		return nil, fmt.Errorf("grpclimit: IPOptions.Metadata is %q, want a key of bare addresses such as x-forwarded-for or x-real-ip (the RFC 7239 forwarded syntax is not parsed)", opts.Metadata)
 	}
 	if strings.HasSuffix(name, "-bin") {
 		return nil, fmt.Errorf("grpclimit: IPOptions.Metadata is %q, want a text key (not ending in -bin)", opts.Metadata)

@@ -177,6 +177,7 @@ func TestPeerIPErrors(t *testing.T) {
 		{grpclimit.IPOptions{TrustedProxies: []netip.Prefix{{}}}, "grpclimit: IPOptions.TrustedProxies[0] is not a valid prefix"},
 		{grpclimit.IPOptions{Metadata: "x forwarded"}, `grpclimit: IPOptions.Metadata is "x forwarded", want a metadata key: letters, digits, '-', '_' and '.'`},
 		{grpclimit.IPOptions{Metadata: "x-fwd-bin"}, `grpclimit: IPOptions.Metadata is "x-fwd-bin", want a text key (not ending in -bin)`},
+		{grpclimit.IPOptions{Metadata: "Forwarded"}, `grpclimit: IPOptions.Metadata is "Forwarded", want a key of bare addresses such as x-forwarded-for or x-real-ip (the RFC 7239 forwarded syntax is not parsed)`},
 	} {
 		_, err := grpclimit.PeerIP(c.opts)
 		assert.EqualError(t, err, c.want)

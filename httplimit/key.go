@@ -37,7 +37,8 @@ type IPOptions struct {
 	// Header is the forwarded header, holding a comma-separated list of
 	// addresses, each proxy appending the address it received the request
 	// from (X-Forwarded-For, the default, or a single-address header such
-	// as X-Real-IP).
+	// as X-Real-IP). RFC 7239's Forwarded header, whose entries are not
+	// bare addresses, is refused.
 	Header string
 	// IPv6Bits, if between 1 and 127, keys IPv6 clients on their /IPv6Bits
 	// network instead of their full address (64 keys a client's whole
@@ -66,6 +67,9 @@ func ClientIP(opts IPOptions) (KeyFunc, error) {
 		header = "X-Forwarded-For"
 	}
 	header = http.CanonicalHeaderKey(header)
+	if header == "Forwarded" {
+		return nil, fmt.Errorf("httplimit: IPOptions.Header is %q, want a header of bare addresses such as X-Forwarded-For or X-Real-IP (the RFC 7239 Forwarded syntax is not parsed)", opts.Header)
+	}
 	k := &ipKeyer{trusted: trusted, header: header, v6bits: opts.IPv6Bits}
 	return k.key, nil
 }

@@ -98,6 +98,10 @@ func TestClientIPErrors(t *testing.T) {
 	assert.EqualError(t, err, "httplimit: IPOptions.IPv6Bits is 128, want 0 (full address) to 127")
 	_, err = httplimit.ClientIP(httplimit.IPOptions{TrustedProxies: []netip.Prefix{{}}})
 	assert.EqualError(t, err, "httplimit: IPOptions.TrustedProxies[0] is not a valid prefix")
+	// RFC 7239's Forwarded ("for=192.0.2.60;proto=http") is no list of
+	// addresses: every client behind the proxy would share its key.
+	_, err = httplimit.ClientIP(httplimit.IPOptions{Header: "forwarded"})
+	assert.EqualError(t, err, `httplimit: IPOptions.Header is "forwarded", want a header of bare addresses such as X-Forwarded-For or X-Real-IP (the RFC 7239 Forwarded syntax is not parsed)`)
 	_, err = httplimit.ParsePrefixes("10.0.0.0/8,nope")
 	assert.ErrorContains(t, err, `trusted proxy "nope"`)
 	_, err = httplimit.ParsePrefixes("10.0.0.0/33")
