@@ -174,3 +174,43 @@ func TestEdgeConcurrentCollect(t *testing.T) {
 	_, err := reg.Gather()
 	require.NoError(t, err)
 }
+
+// TestEdgeSwapLimiter replaces a collector's limiter, as a server that
+// rebuilds its limiter on a configuration change does: every counter
+// carries on from where the previous limiter left it (never down, which
+// Prometheus would read as a restart), and a limiter set again is not
+// counted twice.
+func TestEdgeSwapLimiter(t *testing.T) {
+	ctx := context.Background()
+	reg := prometheus.NewPedanticRegistry()
+	a, c := newAsync(t, prom.Options{})
+	require.NoError(t, reg.Register(c))
+	b, _ := newAsync(t, prom.Options{})
+	allow := func(l *hybridlimit.Limiter, n int) {
+		for range n {
+			_, err := l.Allow(ctx, "k")
+			require.NoError(t, err)
+		}
+	}
+	allow(a, 3) // 2 allowed, 1 denied
+	allow(b, 1) // before b is set: exported with it, as its history
+	assert.Equal(t, map[string]float64{"decision=allowed": 2, "decision=denied": 1}, decisions(t, reg))
+
+	require.NoError(t, a.Close(ctx))
+	c.SetLimiter(b)
+	assert.Equal(t, map[string]float64{"decision=allowed": 3, "decision=denied": 1}, decisions(t, reg))
+	allow(b, 2) // 1 allowed, 1 denied
+	assert.Equal(t, map[string]float64{"decision=allowed": 4, "decision=denied": 2}, decisions(t, reg))
+	c.SetLimiter(b) // the same limiter: nothing changes
+	assert.Equal(t, map[string]float64{"decision=allowed": 4, "decision=denied": 2}, decisions(t, reg))
+
+	// Back to a (closed, its Stats final): its decisions are not counted again.
+	c.SetLimiter(a)
+	assert.Equal(t, map[string]float64{"decision=allowed": 4, "decision=denied": 2}, decisions(t, reg))
+	c.SetLimiter(b)
+	allow(b, 1)
+	assert.Equal(t, map[string]float64{"decision=allowed": 4, "decision=denied": 3}, decisions(t, reg))
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}

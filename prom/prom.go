@@ -21,8 +21,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync/atomic"
+	"sync"
 	"time"
+	"weak"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -48,12 +49,17 @@ type Options struct {
 	Buckets []float64
 }
 
-// Collector is a prometheus.Collector for one Limiter. Create one with
-// NewCollector; the zero value is not usable. It is safe for concurrent
-// use: ObserveSync runs on the limiter's sync loop while scrapes call
-// Collect.
+// Collector is a prometheus.Collector for one Limiter at a time. Create one
+// with NewCollector; the zero value is not usable. It is safe for
+// concurrent use: ObserveSync runs on the limiter's sync loop while scrapes
+// call Collect.
 type Collector struct {
-	l       atomic.Pointer[hybridlimit.Limiter]
+	mu    sync.Mutex // guards the fields up to seen, and Stats reads
+	l     *hybridlimit.Limiter
+	base  counts // what the limiters set before l added
+	start counts // l's counts when it was set again (zero the first time)
+	seen  map[weak.Pointer[hybridlimit.Limiter]]struct{}
+
 	latency *prometheus.HistogramVec
 	ok, bad prometheus.Observer
 
@@ -115,8 +121,47 @@ func NewCollector(opts Options) *Collector {
 	return c
 }
 
-// SetLimiter sets the limiter whose Stats the collector exports.
-func (c *Collector) SetLimiter(l *hybridlimit.Limiter) { c.l.Store(l) }
+// SetLimiter sets the limiter whose Stats the collector exports. It may
+// replace a limiter (one rebuilt on a configuration change, say): the
+// counters then carry on from the values they had, adding what the new
+// limiter counts, so that they never go down. A limiter set for the first
+// time adds its whole history; one set again adds only what it counts from
+// then on. What the replaced limiter counts after SetLimiter is not
+// exported: close it first. The gauges describe the limiter set.
+func (c *Collector) SetLimiter(l *hybridlimit.Limiter) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l == c.l {
+		return
+	}
+	if c.l != nil {
+		now := countsOf(c.l.Stats())
+		for i := range c.base {
+			c.base[i] += now[i] - c.start[i]
+		}
+	}
+	c.l, c.start = l, counts{}
+	if l == nil {
+		return
+	}
+	w := weak.Make(l)
+	if _, ok := c.seen[w]; ok {
+		c.start = countsOf(l.Stats())
+	}
+	if c.seen == nil {
+		c.seen = map[weak.Pointer[hybridlimit.Limiter]]struct{}{}
+	}
+	c.seen[w] = struct{}{}
+}
+
+// counts are the counters of a Stats, in the order countsOf gives them.
+type counts [11]uint64
+
+// countsOf returns the counters of s.
+func countsOf(s hybridlimit.Stats) counts {
+	return counts{s.Allowed, s.Denied, s.Degraded, s.Overflow, s.Blocked, s.Evicted, s.Dropped,
+		s.SyncCycles, s.SyncErrors, s.StoreCalls, s.KeysPushed}
+}
 
 // ObserveSync records one push of a sync cycle in the latency histogram. Its
 // signature is Config.OnSync's: assign it there. It does not block.
@@ -186,11 +231,18 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // not panic.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.latency.Collect(ch)
-	l := c.l.Load()
+	c.mu.Lock()
+	l := c.l
 	if l == nil {
+		c.mu.Unlock()
 		return
 	}
 	s := l.Stats()
+	n := countsOf(s)
+	for i := range n {
+		n[i] = c.base[i] + n[i] - c.start[i]
+	}
+	c.mu.Unlock()
 	send := func(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
 		m, err := prometheus.NewConstMetric(d, t, v, labels...)
 		if err != nil { // invalid Options.ConstLabels: Register fails too
@@ -204,19 +256,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64) {
 		send(d, prometheus.GaugeValue, v)
 	}
-	counter(c.decisions, s.Allowed, "allowed")
-	counter(c.decisions, s.Denied, "denied")
-	counter(c.degraded, s.Degraded)
-	counter(c.overflow, s.Overflow)
-	counter(c.blocked, s.Blocked)
+	counter(c.decisions, n[0], "allowed")
+	counter(c.decisions, n[1], "denied")
+	counter(c.degraded, n[2])
+	counter(c.overflow, n[3])
+	counter(c.blocked, n[4])
 	gauge(c.keys, float64(s.Keys))
-	counter(c.evicted, s.Evicted)
+	counter(c.evicted, n[5])
 	gauge(c.pending, float64(s.Pending))
-	counter(c.dropped, s.Dropped)
-	counter(c.cycles, s.SyncCycles)
-	counter(c.errors, s.SyncErrors)
-	counter(c.calls, s.StoreCalls)
-	counter(c.pushed, s.KeysPushed)
+	counter(c.dropped, n[6])
+	counter(c.cycles, n[7])
+	counter(c.errors, n[8])
+	counter(c.calls, n[9])
+	counter(c.pushed, n[10])
 	gauge(c.lastLatency, s.LastSyncLatency.Seconds())
 	failing := 0.0
 	if s.StoreFailing {
