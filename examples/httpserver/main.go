@@ -6,9 +6,14 @@
 // -sync=0) against that Redis, so several instances share their quotas;
 // without it, in ModeLocal.
 //
-//	go run ./examples/httpserver -rules 5/10s,20/1m
-//	go run ./examples/httpserver -redis 127.0.0.1:6379 -listen :8081
+//	go run ./examples/httpserver -rules 5/10s,20/1m     # one instance, ModeLocal, on :8080
 //	curl -i localhost:8080/hello
+//
+// Two instances sharing their quotas through Redis:
+//
+//	go run ./examples/httpserver -redis 127.0.0.1:6379 -listen :8080
+//	go run ./examples/httpserver -redis 127.0.0.1:6379 -listen :8081
+//	curl -i localhost:8080/hello; curl -i localhost:8081/hello
 package main
 
 import (
