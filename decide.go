@@ -157,7 +157,9 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 }
 
 // PeekN reports whether a request of cost n for key would be admitted now,
-// without consuming anything. Remaining is what is left before the request.
+// without consuming anything: the answer AllowN would give, the share
+// policy of ModeAsync included. Remaining is what is left before the
+// request.
 // It makes a store round trip in ModeSynchronous only.
 func (l *Limiter) PeekN(ctx context.Context, key string, n int64) (Result, error) {
 	t, kp, err := l.route(key, n, "PeekN")

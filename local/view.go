@@ -197,7 +197,8 @@ func (t *Table) view(e *Entry, i int, now, n int64) Counts {
 
 // Peek reports whether a request of cost n for key would be admitted at
 // now, without counting anything; Remaining is what is left before the
-// request. It creates no entry.
+// request. Under the share policy it decides as Allow does, share
+// included (admission, Remaining and RetryAfter). It creates no entry.
 func (t *Table) Peek(key string, n, now int64) Decision {
 	var v [MaxRules]Counts
 	t.View(key, now, n, v[:len(t.rules)])
@@ -205,11 +206,53 @@ func (t *Table) Peek(key string, n, now int64) Decision {
 	for i := range t.rules {
 		allowed = allowed && t.rules[i].Admits(v[i], n)
 	}
-	if allowed {
-		// Remaining before the request: describe it with a zero cost.
-		return Summarize(t.rules, v[:len(t.rules)], 0, true, 1)
+	if t.share {
+		if e := t.load(t.hash(key), key); e != nil {
+			if !allowed {
+				return t.denied(e, n, now) // the share's wait when longer
+			}
+			return t.peekShare(e, v[:len(t.rules)], n, now)
+		}
 	}
-	return Summarize(t.rules, v[:len(t.rules)], n, false, 1)
+	if !allowed {
+		return Summarize(t.rules, v[:len(t.rules)], n, false, 1)
+	}
+	// Remaining before the request: describe it with a zero cost.
+	return Summarize(t.rules, v[:len(t.rules)], 0, true, 1)
+}
+
+// peekShare is Peek's answer under the share policy for a request of cost
+// n that every rule admits at counts v of e: denied, as Allow denies it,
+// when some rule's share has no room for it, else admitted with each
+// rule's Remaining at most what its share still admits, the tightest
+// described as decide's fold does.
+func (t *Table) peekShare(e *Entry, v []Counts, n, now int64) Decision {
+	d := Decision{Allowed: true, Rule: -1, Remaining: math.MaxInt64}
+	for i := range t.rules {
+		r, c := &t.rules[i], &v[i]
+		rem, _, reset, delay := r.describe(c, 0, true, 1)
+		var room float64
+		applies := false
+		switch {
+		case r.kind == Buckets:
+			id, _ := WindowOf(now, r.w)
+			room, applies = t.bucketShareRoomOf(e, i, c.Buckets, id)
+		case r.counted():
+			id, _ := WindowOf(now, r.w)
+			_, room, applies = t.shareRoomOf(e, i, c.Prev, c.Cur, id, c.Elapsed)
+		}
+		if applies {
+			if float64(n) > room+Epsilon {
+				return t.denied(e, n, now)
+			}
+			rem = min(rem, int64(max(room, 0)))
+		}
+		d.Delay = max(d.Delay, delay)
+		if rem < d.Remaining {
+			d.Rule, d.Remaining, d.ResetAfter = i, rem, reset
+		}
+	}
+	return d
 }
 
 // Tracked reports whether the table holds key.
