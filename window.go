@@ -57,7 +57,11 @@ const (
 	TokenBucket
 	// LeakyBucket queues requests so that they proceed at Limit per Window:
 	// an admitted request may have to wait Result.Delay for its turn, and
-	// a request that would wait for more than Rule.Burst others is denied.
+	// the queue holds Rule.Burst units of cost, the one proceeding now
+	// included: a request of cost n that would wait for more than
+	// Burst − n units ahead of it is denied (with Burst 3, three requests
+	// at once are admitted, with delays of 0, 1 and 2 intervals, and a
+	// fourth is denied).
 	// WaitN waits the delay; the HTTP middleware holds the request for it.
 	LeakyBucket
 )
