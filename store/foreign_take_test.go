@@ -30,9 +30,11 @@ func TestRedisTakeForeignCounter(t *testing.T) {
 		"previous": {wr(10, w)}, // the previous window's counter is foreign
 		"fixed":    {fr(10, w)},
 		"two":      {wr(10, w), fr(10, 2*w)},
-		"buckets":  {local.NewRule(local.Spec{Kind: local.Buckets, Limit: 10, Window: 3 * w * time.Millisecond, Buckets: 3})},
-		"log":      {local.NewRule(local.Spec{Kind: local.Log, Limit: 10, Window: w * time.Millisecond})},
-		"gcra":     {local.NewRule(local.Spec{Kind: local.GCRA, Limit: 10, Window: w * time.Millisecond, Burst: 10})},
+		// a bucket counted, then taken back when the fixed rule fails
+		"buckets+fixed": {local.NewRule(local.Spec{Kind: local.Buckets, Limit: 10, Window: 3 * w * time.Millisecond, Buckets: 3}), fr(10, 2*w)},
+		"buckets":       {local.NewRule(local.Spec{Kind: local.Buckets, Limit: 10, Window: 3 * w * time.Millisecond, Buckets: 3})},
+		"log":           {local.NewRule(local.Spec{Kind: local.Log, Limit: 10, Window: w * time.Millisecond})},
+		"gcra":          {local.NewRule(local.Spec{Kind: local.GCRA, Limit: 10, Window: w * time.Millisecond, Burst: 10})},
 	}
 	for name, rs := range rules {
 		for _, kind := range []string{"hash", "list", "text", "float", "max"} {

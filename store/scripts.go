@@ -158,75 +158,88 @@ return out
 var takeScript = newScript(prelude + `
 -- The client's numbers are converted by arithmetic (ARGV[i] + 0), which
 -- costs the server half what a call of tonumber does; what the store
--- holds, which may be foreign, goes through tonumber.
+-- holds, which may be foreign, goes through tonumber. A call builds as few
+-- tables as it can: each costs the server about as much as counting a
+-- request.
+local call, pcall = redis.call, redis.pcall
 local seq = ARGV[1] + 0
 local nreq, nrules = ARGV[4] + 0, ARGV[5] + 0
 local ra = 6
 local rb = ra + 5 * nrules
 local done
-local m = redis.call('GET', KEYS[1])
+local m = call('GET', KEYS[1])
 if m then
   local ms, bits = string.match(m, '^(%d+):(.*)$')
-  if tonumber(ms) == seq then done = bits elseif tonumber(ms or '0') > seq then return {3} end
+  local mseq = tonumber(ms) or 0
+  if mseq == seq then done = bits elseif mseq > seq then return {3} end
 end
 local status = 0
 if done then
   status = 1
 else
-  local t = redis.call('TIME')
+  local t = call('TIME')
   if t[1] * 1000000 + t[2] > ARGV[3] + 0 then return {2} end
 end
-local kind, limit, w, span, longlog, nkeys = {}, {}, {}, {}, {}, {}
-for i = 1, nrules do
-  local b = ra + 5 * (i - 1)
-  kind[i], limit[i], w[i] = ARGV[b] + 0, ARGV[b + 1] + 0, ARGV[b + 2] + 0
-  span[i], longlog[i] = ARGV[b + 3] + 0, ARGV[b + 4] + 0
-  if kind[i] == 0 then nkeys[i] = 2 elseif kind[i] == 2 then nkeys[i] = span[i] else nkeys[i] = 1 end
+-- The rules' parameters, in one table (sized for one rule): rule i's from
+-- o = 7 * (i - 1) on, kind at o + 1, limit o + 2, w o + 3, span o + 4, the
+-- longest log window o + 5, its number of keys o + 6, and o + 7 where the
+-- request being decided has its values for the rule in out. nk: the keys
+-- of a request; later: a rule written after the counts (log, gcra).
+local rule = {0, 0, 0, 0, 0, 0, 0}
+local haslog, later, nk, b = false, false, 0, ra
+for o = 0, 7 * (nrules - 1), 7 do
+  local kd, sp = ARGV[b] + 0, ARGV[b + 3] + 0
+  local n = 1
+  if kd == 0 then n = 2 elseif kd == 2 then n = sp end
+  if kd == 3 then haslog = true end
+  if kd >= 3 then later = true end
+  nk = nk + n
+  rule[o + 1], rule[o + 2], rule[o + 3], rule[o + 4] = kd, ARGV[b + 1] + 0, ARGV[b + 2] + 0, sp
+  rule[o + 5], rule[o + 6], rule[o + 7] = ARGV[b + 4] + 0, n, 0
+  b = b + 5
 end
+local last = 7 * (nrules - 1)
 -- Every counter of the call (not the logs) is read by MGET at once, a
 -- command per 256 keys rather than per key, into got, which the call's
 -- writes keep current.
 local got = {}
-local function fetch(list, from, to)
-  for a = from, to, 256 do
-    local b = math.min(a + 255, to)
-    local v = redis.call('MGET', unpack(list, a, b))
-    for j = 1, b - a + 1 do
-      local s, x = v[j], 0
-      if s then
-        x = tonumber(s)
-        if not (x and x % 1 == 0 and x < 9007199254740992 and x > -9007199254740992) then
-          x = false -- read as 0, and fails the requests that read it
-        end
+local list, from, to = KEYS, 2, #KEYS
+if haslog then
+  local kk = 2
+  list, from, to = {}, 1, 0
+  for _ = 1, nreq do
+    for o = 0, last, 7 do
+      local nk = rule[o + 6]
+      if rule[o + 1] ~= 3 then
+        for j = 0, nk - 1 do to = to + 1; list[to] = KEYS[kk + j] end
       end
-      got[list[a + j - 1]] = x
+      kk = kk + nk
     end
   end
 end
-local haslog = false
-for i = 1, nrules do if kind[i] == 3 then haslog = true end end
-if not haslog then
-  fetch(KEYS, 2, #KEYS)
-else
-  local list, kk = {}, 2
-  for _ = 1, nreq do
-    for i = 1, nrules do
-      if kind[i] ~= 3 then
-        for j = 0, nkeys[i] - 1 do list[#list + 1] = KEYS[kk + j] end
+for a = from, to, 256 do
+  local b = a + 255
+  if b > to then b = to end
+  local v = call('MGET', unpack(list, a, b))
+  for j = 1, b - a + 1 do
+    local s, x = v[j], 0
+    if s then
+      x = tonumber(s)
+      if not (x and x % 1 == 0 and x < 9007199254740992 and x > -9007199254740992) then
+        x = false -- read as 0, and fails the requests that read it
       end
-      kk = kk + nkeys[i]
     end
+    got[list[a + j - 1]] = x
   end
-  fetch(list, 1, #list)
 end
 local failed
 -- A request's reply goes straight into out: its outcome at op, then each
--- rule's values from at[i] on (a table per request and rule costs the
--- server more than the counting).
-local out, no, at = {status}, 1, {}
-local bits = {} -- the outcomes as digits, for the marker
-local digit = {[0] = '0', [1] = '1', [2] = '2'} -- not formatted from numbers
-local added = {} -- the counts a request added, to take back
+-- rule's values from rule[o + 7] on (a table per request and rule costs
+-- the server more than the counting).
+local out, no = {status}, 1
+-- The outcomes as digits (not formatted from numbers), for the marker: in
+-- marks when the call carries several requests, else in mark.
+local marks, mark = nreq > 1 and {}, ''
 local k = 2
 for q = 0, nreq - 1 do
   -- The cost goes to INCRBY as the string it came as, and the flags (0
@@ -241,9 +254,9 @@ for q = 0, nreq - 1 do
   out[op] = 0
   local kk = k
   failed = false
-  for i = 1, nrules do
-    local kd, L = kind[i], limit[i]
-    at[i] = no + 1
+  for o = 0, last, 7 do
+    local kd, L, w = rule[o + 1], rule[o + 2], rule[o + 3]
+    rule[o + 7] = no + 1
     if kd == 0 or kd == 1 then
       local c, p = got[KEYS[kk]], 0
       if kd == 0 then p = got[KEYS[kk + 1]] end
@@ -253,48 +266,48 @@ for q = 0, nreq - 1 do
       -- inverse of the window), so that both decide alike to the last bit
       -- also where a limit is too large for the slack to absorb rounding.
       local est = c
-      if p > 0 then est = p * ((w[i] - now % w[i]) * 1000) * (1 / (w[i] * 1000)) + c end
+      if p > 0 then est = p * ((w - now % w) * 1000) * (1 / (w * 1000)) + c end
       if est + cost > L + 1e-9 then ok = 0 end
       out[no + 1] = c
       if kd == 0 then out[no + 2], no = p, no + 2 else no = no + 1 end
     elseif kd == 2 then
-      local sum = 0
-      for j = 1, span[i] do
+      local sum, sp = 0, rule[o + 4]
+      for j = 1, sp do
         local v = got[KEYS[kk + j - 1]]
         if not v then failed, v = true, 0 end
         out[no + j] = v
         sum = sum + v
       end
-      no = no + span[i]
+      no = no + sp
       if sum + cost > L then ok = 0 end
     elseif kd == 3 then
       local key = KEYS[kk]
-      local since = now - w[i]
-      local lo, hi = 0, redis.pcall('LLEN', key)
+      local since = now - w
+      local lo, hi = 0, pcall('LLEN', key)
       local expire, reset = 0, 0
       if type(hi) ~= 'number' then failed, hi = true, 0 end
       while lo < hi do
         local mid = math.floor((lo + hi) / 2)
-        local x = tonumber(redis.call('LINDEX', key, mid))
+        local x = tonumber(call('LINDEX', key, mid))
         if not x then failed, hi = true, lo elseif x > since then lo = mid + 1 else hi = mid end
       end
       if lo + cost > L and not failed then
         ok = 0
-        local x = tonumber(redis.call('LINDEX', key, L - cost))
-        if x then expire = x + w[i] - now else failed = true end
+        local x = tonumber(call('LINDEX', key, L - cost))
+        if x then expire = x + w - now else failed = true end
       end
       if lo > 0 and not failed then
-        local x = tonumber(redis.call('LINDEX', key, 0))
-        if x then reset = x + w[i] - now else failed = true end
+        local x = tonumber(call('LINDEX', key, 0))
+        if x then reset = x + w - now else failed = true end
       end
       out[no + 1], out[no + 2], out[no + 3], no = lo, expire, reset, no + 3
     else
       local tat = got[KEYS[kk]]
       if not tat then failed, tat = true, 0 end
-      if math.max(tat, now) + cost * w[i] - now > span[i] * w[i] then ok = 0 end
+      if math.max(tat, now) + cost * w - now > rule[o + 4] * w then ok = 0 end
       out[no + 1], no = tat - now, no + 1
     end
-    kk = kk + nkeys[i]
+    kk = kk + rule[o + 6]
   end
   if done then
     ok = tonumber(string.sub(done, q + 1, q + 1)) or 0
@@ -304,80 +317,96 @@ for q = 0, nreq - 1 do
     -- The counts first, the only writes that can fail (a hash or list
     -- reads as absent, an INCRBY can overflow): one that does takes back
     -- the request's others, and the request changes nothing.
-    local na = 0
     kk = k
-    for i = 1, nrules do
-      local kd = kind[i]
+    for o = 0, last, 7 do
+      local kd = rule[o + 1]
       if kd <= 2 then
         local key, sp = KEYS[kk], 1
-        if kd == 2 then key, sp = KEYS[kk + span[i] - 1], span[i] end
-        local v = redis.pcall('INCRBY', key, cs)
+        if kd == 2 then sp = rule[o + 4]; key = KEYS[kk + sp - 1] end
+        local v = pcall('INCRBY', key, cs)
         if type(v) ~= 'number' then
-          for j = 1, na do got[added[j]] = redis.call('INCRBY', added[j], -cost) end
+          -- The rules before this one counted: take their counts back.
+          local kb = k
+          for ob = 0, o - 7, 7 do
+            local kdb = rule[ob + 1]
+            if kdb <= 2 then
+              local kb2 = kb
+              if kdb == 2 then kb2 = kb + rule[ob + 4] - 1 end
+              got[KEYS[kb2]] = call('INCRBY', KEYS[kb2], -cost)
+            end
+            kb = kb + rule[ob + 6]
+          end
           ok = 2
           break
         end
-        na = na + 1
-        added[na] = key
         got[key] = v
         if v == cost then
-          local wms = w[i] / 1000
-          redis.call('PEXPIREAT', key, (math.floor(now / w[i]) + 1 + sp) * wms + 60000)
+          local w = rule[o + 3]
+          call('PEXPIREAT', key, (math.floor(now / w) + 1 + sp) * (w / 1000) + 60000)
         end
-        out[at[i] + sp - 1] = v
+        out[rule[o + 7] + sp - 1] = v
       end
-      kk = kk + nkeys[i]
+      kk = kk + rule[o + 6]
     end
-    local logged = false
-    kk = k
-    for i = 1, nrules do
-      local kd = kind[i]
-      if kd <= 2 or ok == 2 then
-        -- counted above, or not at all
-      elseif kd == 3 then
-        if not logged then
-          local key, at = KEYS[kk], now
-          local head = tonumber(redis.call('LINDEX', key, 0))
-          if head and head > at then at = head end
-          for _ = 1, cost do redis.call('LPUSH', key, at) end
-          redis.call('LTRIM', key, 0, span[i] - 1)
-          -- Kept a minute past the instant its newest entry stops
-          -- counting, as counters are: a node's clock ahead of the
-          -- server's, or a slow caller, must not see it vanish early.
-          redis.call('PEXPIRE', key, math.floor((longlog[i] + at - now) / 1000) + 60000)
-          logged = true
-        end
-        local a = at[i]
-        out[a] = out[a] + cost
-        out[a + 2] = w[i]
-        if ok == 0 then
-          -- A denied request charged by CountDenied waits for its own
-          -- entries to leave too: until the (limit - cost + 1)-th newest
-          -- has left the window.
-          local e = 0
-          if out[a] + cost > limit[i] then
-            local x = tonumber(redis.call('LINDEX', KEYS[kk], limit[i] - cost))
-            if x then e = x + w[i] - now end
+    -- Then the writes that cannot fail (log, gcra), when a rule has them
+    -- and the counts were written.
+    if later and ok ~= 2 then
+      local logged = false
+      kk = k
+      for o = 0, last, 7 do
+        local kd = rule[o + 1]
+        if kd <= 2 then
+          -- counted above
+        elseif kd == 3 then
+          local w, L = rule[o + 3], rule[o + 2]
+          if not logged then
+            local key, at = KEYS[kk], now
+            local head = tonumber(call('LINDEX', key, 0))
+            if head and head > at then at = head end
+            for _ = 1, cost do call('LPUSH', key, at) end
+            call('LTRIM', key, 0, rule[o + 4] - 1)
+            -- Kept a minute past the instant its newest entry stops
+            -- counting, as counters are: a node's clock ahead of the
+            -- server's, or a slow caller, must not see it vanish early.
+            call('PEXPIRE', key, math.floor((rule[o + 5] + at - now) / 1000) + 60000)
+            logged = true
           end
-          out[a + 1] = e
+          local a = rule[o + 7]
+          out[a] = out[a] + cost
+          out[a + 2] = w
+          if ok == 0 then
+            -- A denied request charged by CountDenied waits for its own
+            -- entries to leave too: until the (limit - cost + 1)-th newest
+            -- has left the window.
+            local e = 0
+            if out[a] + cost > L then
+              local x = tonumber(call('LINDEX', KEYS[kk], L - cost))
+              if x then e = x + w - now end
+            end
+            out[a + 1] = e
+          end
+        else
+          local key, w = KEYS[kk], rule[o + 3]
+          local tat = math.min(math.max(got[key], now) + cost * w, now + maxahead)
+          call('SET', key, tat, 'PX', math.floor((tat - now) / 1000) + 60000)
+          got[key] = tat
+          out[rule[o + 7]] = tat - now
         end
-      else
-        local tat = math.min(math.max(got[KEYS[kk]], now) + cost * w[i], now + maxahead)
-        redis.call('SET', KEYS[kk], tat, 'PX', math.floor((tat - now) / 1000) + 60000)
-        got[KEYS[kk]] = tat
-        out[at[i]] = tat - now
+        kk = kk + rule[o + 6]
       end
-      kk = kk + nkeys[i]
     end
   end
-  bits[q + 1] = digit[ok]
+  local d = '2'
+  if ok == 1 then d = '1' elseif ok == 0 then d = '0' end
+  if marks then marks[q + 1] = d else mark = d end
   out[op] = ok
-  k = kk
+  k = k + nk
 end
 if done then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2]) -- a call sent again writes, as in the push script
+  call('PEXPIRE', KEYS[1], ARGV[2]) -- a call sent again writes, as in the push script
 else
-  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. table.concat(bits), 'PX', ARGV[2])
+  if marks then mark = table.concat(marks) end
+  call('SET', KEYS[1], ARGV[1] .. ':' .. mark, 'PX', ARGV[2])
 end
 return out
 `)
