@@ -45,7 +45,8 @@ func unary(t *testing.T, i *grpclimit.Interceptor, ctx context.Context) (codes.C
 
 // TestEdgePeers feeds PeerIP odd peers and forwarded metadata: a missing
 // peer, a nil or non-IP address, garbage and huge x-forwarded-for values
-// behind a trusted proxy. Nothing panics; an unkeyable call fails with
+// behind a trusted proxy, bracketed IPv6 entries with and without a port.
+// Nothing panics; an unkeyable call fails with
 // InvalidArgument before its handler, and garbage in the forwarded
 // metadata keys the call on the last trusted address.
 func TestEdgePeers(t *testing.T) {
@@ -84,6 +85,11 @@ func TestEdgePeers(t *testing.T) {
 		{"forwarded garbage", withPeer(proxy, "x-forwarded-for", "\x00\xff, ][, 999.1.1.1"), "10.1.2.3"},
 		{"forwarded commas only", withPeer(proxy, "x-forwarded-for", ",,, ,"), "10.1.2.3"},
 		{"forwarded with port", withPeer(proxy, "x-forwarded-for", "[2001:db8::1]:443"), "2001:db8::1"},
+		{"forwarded in brackets", withPeer(proxy, "x-forwarded-for", "6.6.6.6, [2001:db8::2], 10.0.0.1"), "2001:db8::2"},
+		{"forwarded mapped in brackets", withPeer(proxy, "x-forwarded-for", "[::ffff:192.0.2.3]"), "192.0.2.3"},
+		{"forwarded bad brackets", withPeer(proxy, "x-forwarded-for", "203.0.113.1, [::1]:, 10.0.0.1"), "10.0.0.1"},
+		{"forwarded IPv4 in brackets", withPeer(proxy, "x-forwarded-for", "[192.0.2.4]"), "10.1.2.3"},
+		{"forwarded huge brackets", withPeer(proxy, "x-forwarded-for", "["+strings.Repeat("0:", 100_000)+":1]"), "10.1.2.3"},
 		{"forwarded repeated", withPeer(proxy, "x-forwarded-for", "203.0.113.5", "x-forwarded-for", "10.0.0.1"), "203.0.113.5"},
 		{"forwarded huge", withPeer(proxy, "x-forwarded-for", huge), "1.2.3.4"},
 	} {

@@ -59,8 +59,9 @@ type IPOptions struct {
 	TrustedProxies []netip.Prefix
 	// Metadata is the key of the forwarded metadata, holding a
 	// comma-separated list of addresses, each proxy appending the address
-	// it received the call from: default DefaultForwardedMetadata. Keys
-	// are case-insensitive. RFC 7239's forwarded, whose entries are not
+	// it received the call from: default DefaultForwardedMetadata. An
+	// entry may carry a port, and an IPv6 address may be in brackets (see
+	// httplimit.ForwardedClient). Keys are case-insensitive. RFC 7239's forwarded, whose entries are not
 	// bare addresses, is refused.
 	Metadata string
 	// IPv6Bits, if between 1 and 127, keys IPv6 clients on their

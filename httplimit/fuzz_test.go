@@ -23,6 +23,7 @@ func FuzzClientIP(f *testing.F) {
 	f.Add("10.0.0.1:443", "203.0.113.7, 10.0.0.2", "", "10.0.0.0/8", 0)
 	f.Add("192.0.2.1:80", "1.2.3.4", "5.6.7.8", "", 0)
 	f.Add("[2001:db8::1]:80", "2001:db8:1::5, [2001:db8::2]:80", "", "2001:db8::/48", 64)
+	f.Add("[2001:db8::1]:80", "[2001:db8:1::5], [::1]:, [", "[2001:db8::3]", "2001:db8::/48", 0)
 	f.Add("[::ffff:10.0.0.1]:1", "::ffff:198.51.100.1", "", "10.0.0.0/8", 0)
 	f.Add("10.1.2.3", "garbage, 10.9.9.9", "", "10.0.0.0/8", 0)
 	f.Add("[fe80::1%eth0]:80", "fe80::2%eth1", "", "fe80::/10", 127)
@@ -96,6 +97,9 @@ func inHeader(key, line1, line2 string, bits int) bool {
 	for _, f := range strings.Split(line1+","+line2, ",") {
 		f = strings.TrimSpace(f)
 		a, err := netip.ParseAddr(f)
+		if err != nil && strings.HasPrefix(f, "[") && strings.HasSuffix(f, "]") {
+			a, err = netip.ParseAddr(f[1 : len(f)-1])
+		}
 		if err != nil {
 			ap, err := netip.ParseAddrPort(f)
 			if err != nil {

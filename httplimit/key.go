@@ -37,8 +37,9 @@ type IPOptions struct {
 	// Header is the forwarded header, holding a comma-separated list of
 	// addresses, each proxy appending the address it received the request
 	// from (X-Forwarded-For, the default, or a single-address header such
-	// as X-Real-IP). RFC 7239's Forwarded header, whose entries are not
-	// bare addresses, is refused.
+	// as X-Real-IP). An entry may carry a port, and an IPv6 address may be
+	// in brackets (see ForwardedClient). RFC 7239's Forwarded header, whose
+	// entries are not bare addresses, is refused.
 	Header string
 	// IPv6Bits, if between 1 and 127, keys IPv6 clients on their /IPv6Bits
 	// network instead of their full address (64 keys a client's whole
@@ -147,7 +148,9 @@ func (k *ipKeyer) key(r *http.Request) (string, error) {
 
 // ForwardedClient returns the client of a request that came from the
 // address peer carrying the forwarded header lines (each a comma-separated
-// list of addresses, with or without ports, as in X-Forwarded-For), by
+// list of addresses as in X-Forwarded-For: IPv4 with or without a port,
+// "192.0.2.1" or "192.0.2.1:80"; IPv6 bare, in brackets or in brackets
+// with a port, "2001:db8::1", "[2001:db8::1]" or "[2001:db8::1]:80"), by
 // ClientIP's rule: peer itself unless it is in trusted; otherwise the
 // rightmost address that is not itself in trusted, walking the entries from
 // the right past trusted proxies. An unparsable entry stops the walk at the
@@ -194,9 +197,17 @@ func forwarded(lines []string, peer netip.Addr, trusted []netip.Prefix) netip.Ad
 }
 
 // parseForwarded parses one forwarded entry: an address, possibly with a
-// port ("192.0.2.1:80", "[2001:db8::1]:80").
+// port ("192.0.2.1", "192.0.2.1:80", "2001:db8::1", "[2001:db8::1]",
+// "[2001:db8::1]:80"). Brackets hold an IPv6 address only, as in a URL.
 func parseForwarded(f string) (netip.Addr, bool) {
 	if a, err := netip.ParseAddr(f); err == nil {
+		return a.Unmap().WithZone(""), true
+	}
+	if len(f) > 2 && f[0] == '[' && f[len(f)-1] == ']' {
+		a, err := netip.ParseAddr(f[1 : len(f)-1])
+		if err != nil || !a.Is6() {
+			return netip.Addr{}, false
+		}
 		return a.Unmap().WithZone(""), true
 	}
 	if ap, err := netip.ParseAddrPort(f); err == nil {

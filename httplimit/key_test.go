@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,6 +54,10 @@ func TestClientIP(t *testing.T) {
 			remote: "10.1.2.3:1", xff: []string{"203.0.113.9, bogus, 10.0.0.1"}, want: "10.0.0.1"},
 		{name: "entry with port", opts: httplimit.IPOptions{TrustedProxies: trusted},
 			remote: "10.1.2.3:1", xff: []string{"[2001:db8::7]:443"}, want: "2001:db8::7"},
+		{name: "entry in brackets", opts: httplimit.IPOptions{TrustedProxies: trusted},
+			remote: "10.1.2.3:1", xff: []string{"6.6.6.6, [2001:db8::7], 10.0.0.1"}, want: "2001:db8::7"},
+		{name: "x-real-ip in brackets", opts: httplimit.IPOptions{TrustedProxies: trusted, Header: "X-Real-IP"},
+			remote: "10.1.2.3:1", realIP: "[2001:db8::8]", want: "2001:db8::8"},
 		{name: "empty header from trusted", opts: httplimit.IPOptions{TrustedProxies: trusted},
 			remote: "10.1.2.3:1", want: "10.1.2.3"},
 		{name: "trusted v6 proxy", opts: httplimit.IPOptions{TrustedProxies: trusted},
@@ -209,4 +214,70 @@ func TestClientIPLeavesOptionsAlone(t *testing.T) {
 	key, err := k(r)
 	require.NoError(t, err)
 	assert.Equal(t, "203.0.113.9", key, "the masked prefix is trusted")
+}
+
+// TestForwardedEntries parses single forwarded entries, well-formed and
+// hostile, behind a trusted proxy: a parsed entry is the client; an
+// unparsable one stops the walk at the proxy.
+func TestForwardedEntries(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	proxy := netip.MustParseAddr("10.0.0.1")
+	long := strings.Repeat("1", 100_000)
+	for _, c := range []struct {
+		entry string
+		want  string // the client; "proxy" when the entry is refused
+	}{
+		{"192.0.2.1", "192.0.2.1"},
+		{"192.0.2.1:8080", "192.0.2.1"},
+		{"2001:db8::1", "2001:db8::1"},
+		{"2001:DB8::0:1", "2001:db8::1"},
+		{"[2001:db8::1]", "2001:db8::1"},
+		{" [2001:db8::1] ", "2001:db8::1"},
+		{"[2001:db8::1]:443", "2001:db8::1"},
+		{"[2001:db8::1]:0", "2001:db8::1"},
+		{"fe80::1%eth0", "fe80::1"},
+		{"[fe80::1%eth0]", "fe80::1"},
+		{"[fe80::1%eth0]:80", "fe80::1"},
+		{"::ffff:192.0.2.1", "192.0.2.1"},
+		{"[::ffff:192.0.2.1]", "192.0.2.1"},
+		{"[::ffff:192.0.2.1]:80", "192.0.2.1"},
+		{"[::1]", "::1"},
+		{"[", "proxy"},
+		{"]", "proxy"},
+		{"[]", "proxy"},
+		{"[]:80", "proxy"},
+		{"[[]]", "proxy"},
+		{"[::1", "proxy"},
+		{"::1]", "proxy"},
+		{"[::1]x", "proxy"},
+		{"[::1]:", "proxy"},
+		{"[::1]:x", "proxy"},
+		{"[::1]:65536", "proxy"},
+		{"[[::1]]", "proxy"},
+		{"[ ::1]", "proxy"},
+		{"[fe80::1%]", "proxy"},
+		{"[192.0.2.1]", "proxy"},
+		{"[192.0.2.1]:80", "proxy"},
+		{"192.0.2.1:", "proxy"},
+		{"192.0.2.1:80:80", "proxy"},
+		{"[" + long + "]", "proxy"},
+		{"[::1]:" + long, "proxy"},
+		{"[" + strings.Repeat("0:", 50_000) + ":1]", "proxy"},
+		{long, "proxy"},
+	} {
+		name := c.entry
+		if len(name) > 40 {
+			name = name[:40] + "..."
+		}
+		want := c.want
+		if want == "proxy" {
+			want = proxy.String()
+		}
+		got := httplimit.ForwardedClient(proxy, []string{c.entry}, trusted)
+		assert.Equal(t, want, got.String(), "entry %q", name)
+		// The same entry to the right of a client: a refused entry stops
+		// the walk there, a parsed one is the client.
+		got = httplimit.ForwardedClient(proxy, []string{"203.0.113.9, " + c.entry}, trusted)
+		assert.Equal(t, want, got.String(), "entry %q after a client", name)
+	}
 }
