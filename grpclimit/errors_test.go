@@ -70,7 +70,7 @@ func TestLimiterErrors(t *testing.T) {
 	assert.Equal(t, codes.InvalidArgument, status.Code(r.err))
 	assert.Equal(t, "hybridlimit: key of 2000 bytes exceeds Config.MaxKeyLen 1024", status.Convert(r.err).Message())
 
-	cc, e = serve(t, newInterceptor(t, l, grpclimit.Metadata("x-api-key"), grpclimit.Options{
+	cc, e = serve(t, newInterceptor(t, l, metadataKey(t, "x-api-key"), grpclimit.Options{
 		ErrorHandler: func(ctx context.Context, method string, err error) error {
 			if errors.Is(err, grpclimit.ErrNoKey) {
 				return status.Error(codes.Unauthenticated, "x-api-key is required")

@@ -41,7 +41,11 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	lim, err := grpclimit.New(l, grpclimit.Or(grpclimit.Metadata("x-api-key"), peerIP), grpclimit.Options{
+	apiKey, err := grpclimit.Metadata("x-api-key")
+	if err != nil {
+		log.Fatal(err)
+	}
+	lim, err := grpclimit.New(l, grpclimit.Or(apiKey, peerIP), grpclimit.Options{
 		Skip: func(_ context.Context, method string) bool {
 			return strings.HasPrefix(method, "/grpc.reflection.")
 		},

@@ -27,6 +27,12 @@ func peerIP(t testing.TB) grpclimit.KeyFunc {
 	return k
 }
 
+func metadataKey(t testing.TB, name string) grpclimit.KeyFunc {
+	k, err := grpclimit.Metadata(name)
+	require.NoError(t, err)
+	return k
+}
+
 // TestMetadataOverTime steps a mock clock through the instants of
 // httplimit's TestHeadersOverTime (3/s and 5/min, sliding) and checks every
 // field of every call, as headers when admitted and as trailers when

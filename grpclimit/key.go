@@ -99,10 +99,8 @@ func PeerIP(opts IPOptions) (KeyFunc, error) {
 	if strings.HasSuffix(name, "-bin") {
 		return nil, fmt.Errorf("grpclimit: IPOptions.Metadata is %q, want a text key (not ending in -bin)", opts.Metadata)
 	}
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return nil, fmt.Errorf("grpclimit: IPOptions.Metadata is %q, want a metadata key: letters, digits, '-', '_' and '.'", opts.Metadata)
-		}
+	if !isKey(name) {
+		return nil, fmt.Errorf("grpclimit: IPOptions.Metadata is %q, want a metadata key: letters, digits, '-', '_' and '.'", opts.Metadata)
 	}
 	bits := opts.IPv6Bits
 	return func(ctx context.Context, _ string) (string, error) {
@@ -147,20 +145,43 @@ func ipOf(addr net.Addr) (netip.Addr, bool) {
 // the call (codes.InvalidArgument by default); to key such calls on
 // something else instead, use Or:
 //
+//	apiKey, err := grpclimit.Metadata("x-api-key")
+//	if err != nil { ... }
 //	// API key, or the peer's IP for anonymous calls:
-//	grpclimit.Or(grpclimit.Metadata("x-api-key"), peerIP)
+//	grpclimit.Or(apiKey, peerIP)
 //	// API key, or one quota shared by all anonymous calls:
-//	grpclimit.Or(grpclimit.Metadata("x-api-key"), func(context.Context, string) (string, error) {
+//	grpclimit.Or(apiKey, func(context.Context, string) (string, error) {
 //		return "anonymous", nil
 //	})
-func Metadata(name string) KeyFunc {
-	name = strings.ToLower(name)
+//
+// Metadata returns an error if name is not a metadata key (non-empty
+// letters, digits, '-', '_' and '.'; or ":authority", the one
+// pseudo-header gRPC passes on as metadata), which no call could carry.
+func Metadata(name string) (KeyFunc, error) {
+	key := strings.ToLower(name)
+	if !isKey(key) && key != ":authority" {
+		return nil, fmt.Errorf("grpclimit: Metadata(name=%q): want a metadata key: letters, digits, '-', '_' and '.', or :authority", name)
+	}
 	return func(ctx context.Context, _ string) (string, error) {
-		if v := metadata.ValueFromIncomingContext(ctx, name); len(v) > 0 && v[0] != "" {
+		if v := metadata.ValueFromIncomingContext(ctx, key); len(v) > 0 && v[0] != "" {
 			return v[0], nil
 		}
-		return "", fmt.Errorf("%w: metadata %q is missing", ErrNoKey, name)
+		return "", fmt.Errorf("%w: metadata %q is missing", ErrNoKey, key)
+	}, nil
+}
+
+// isKey reports whether s, in lower case, is a gRPC metadata key: one or
+// more of a-z, 0-9, '-', '_' and '.'.
+func isKey(s string) bool {
+	if s == "" {
+		return false
 	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // FullMethod returns a KeyFunc keying calls on their full method name

@@ -3,6 +3,7 @@ package grpclimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -63,13 +64,13 @@ func TestKeyFuncs(t *testing.T) {
 		{"peer, trusted, no forwarded metadata", must(grpclimit.PeerIP(grpclimit.IPOptions{TrustedProxies: trusted})), nil, "127.0.0.1"},
 		{"peer, trusted, x-real-ip", must(grpclimit.PeerIP(grpclimit.IPOptions{TrustedProxies: trusted, Metadata: "X-Real-IP"})),
 			[]string{"x-forwarded-for", "6.6.6.6", "x-real-ip", "198.51.100.4"}, "198.51.100.4"},
-		{"metadata", grpclimit.Metadata("X-API-Key"), []string{"x-api-key", "k1"}, "k1"},
-		{"metadata, first value", grpclimit.Metadata("x-api-key"), []string{"x-api-key", "k1", "x-api-key", "k2"}, "k1"},
-		{"metadata missing", grpclimit.Metadata("x-api-key"), nil, `error: grpclimit: call has no rate-limit key: metadata "x-api-key" is missing`},
-		{"metadata empty", grpclimit.Metadata("x-api-key"), []string{"x-api-key", ""}, `error: grpclimit: call has no rate-limit key: metadata "x-api-key" is missing`},
-		{"or: first", grpclimit.Or(grpclimit.Metadata("x-api-key"), peerIP(t)), []string{"x-api-key", "k1"}, "0:k1"},
-		{"or: fallback to the peer", grpclimit.Or(grpclimit.Metadata("x-api-key"), peerIP(t)), nil, "1:127.0.0.1"},
-		{"or: fallback to a fixed key", grpclimit.Or(grpclimit.Metadata("x-api-key"), anonymous), nil, "1:anonymous"},
+		{"metadata", metadataKey(t, "X-API-Key"), []string{"x-api-key", "k1"}, "k1"},
+		{"metadata, first value", metadataKey(t, "x-api-key"), []string{"x-api-key", "k1", "x-api-key", "k2"}, "k1"},
+		{"metadata missing", metadataKey(t, "x-api-key"), nil, `error: grpclimit: call has no rate-limit key: metadata "x-api-key" is missing`},
+		{"metadata empty", metadataKey(t, "x-api-key"), []string{"x-api-key", ""}, `error: grpclimit: call has no rate-limit key: metadata "x-api-key" is missing`},
+		{"or: first", grpclimit.Or(metadataKey(t, "x-api-key"), peerIP(t)), []string{"x-api-key", "k1"}, "0:k1"},
+		{"or: fallback to the peer", grpclimit.Or(metadataKey(t, "x-api-key"), peerIP(t)), nil, "1:127.0.0.1"},
+		{"or: fallback to a fixed key", grpclimit.Or(metadataKey(t, "x-api-key"), anonymous), nil, "1:anonymous"},
 		{"full method", grpclimit.FullMethod(), nil, methodSay},
 		{"combine", grpclimit.Combine(grpclimit.FullMethod(), peerIP(t)), nil, "17:" + methodSay + "9:127.0.0.1"},
 	}
@@ -96,7 +97,7 @@ func TestKeyFuncs(t *testing.T) {
 // by method and peer, draw on separate quotas.
 func TestKeysSeparateQuotas(t *testing.T) {
 	l, _ := newLimiter(t, hybridlimit.Rule{Limit: 1, Window: time.Minute})
-	cc, _ := serve(t, newInterceptor(t, l, grpclimit.Metadata("x-api-key"), grpclimit.Options{}))
+	cc, _ := serve(t, newInterceptor(t, l, metadataKey(t, "x-api-key"), grpclimit.Options{}))
 	assert.NoError(t, say(t, cc, "x-api-key", "k1").err)
 	assert.NoError(t, say(t, cc, "x-api-key", "k2").err)
 	assert.Equal(t, codes.ResourceExhausted, status.Code(say(t, cc, "x-api-key", "k1").err))
@@ -145,7 +146,7 @@ func TestKeyFuncsDirect(t *testing.T) {
 			context.Background(), "error: forbidden"},
 		{"or: an empty key moves on", grpclimit.Or(func(context.Context, string) (string, error) { return "", nil }, grpclimit.FullMethod()),
 			context.Background(), "1:/m"},
-		{"or: none", grpclimit.Or(grpclimit.Metadata("a"), grpclimit.Metadata("b")), context.Background(),
+		{"or: none", grpclimit.Or(metadataKey(t, "a"), metadataKey(t, "b")), context.Background(),
 			`error: grpclimit: call has no rate-limit key: metadata "b" is missing`},
 		{"or: nothing", grpclimit.Or(), context.Background(), "error: grpclimit: call has no rate-limit key: Or of no key functions"},
 	}
@@ -192,4 +193,35 @@ func TestPeerIPErrors(t *testing.T) {
 	got, err := k(ctx, "/m")
 	require.NoError(t, err)
 	assert.Equal(t, "203.0.113.9", got)
+}
+
+// TestMetadataName: Metadata refuses a key no call could carry (empty, or
+// outside gRPC's key syntax) when it is called, with an error naming the
+// argument, instead of a key function that fails every call.
+func TestMetadataName(t *testing.T) {
+	for _, name := range []string{"", " ", "x api key", "x-key:", "x-key\r\n", "ключ", "\x00", ":path", ":", "x/y"} {
+		k, err := grpclimit.Metadata(name)
+		assert.EqualError(t, err, fmt.Sprintf("grpclimit: Metadata(name=%q): want a metadata key: letters, digits, '-', '_' and '.', or :authority", name))
+		assert.Nil(t, k, "name %q", name)
+	}
+	for _, c := range []struct{ name, sent string }{
+		{"x-api-key", "x-api-key"},
+		{"X-API-Key", "x-api-key"},
+		{"tenant_id.v2", "tenant_id.v2"},
+		{"token-bin", "token-bin"},
+		{":authority", ":authority"},
+	} {
+		k, err := grpclimit.Metadata(c.name)
+		require.NoError(t, err, "name %q", c.name)
+		got, err := k(metadata.NewIncomingContext(context.Background(), metadata.MD{c.sent: {"v"}}), "/m")
+		assert.NoError(t, err, "name %q", c.name)
+		assert.Equal(t, "v", got, "name %q", c.name)
+	}
+	// A real server passes :authority on as metadata: one quota per
+	// virtual host.
+	l, _ := newLimiter(t, hybridlimit.Rule{Limit: 10, Window: time.Minute})
+	key, keys := recorder(metadataKey(t, ":authority"))
+	cc, _ := serve(t, newInterceptor(t, l, key, grpclimit.Options{}))
+	require.NoError(t, say(t, cc).err)
+	assert.Regexp(t, `^127\.0\.0\.1:\d+$`, <-keys, "the server's address, as the client dialled it")
 }

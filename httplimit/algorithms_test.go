@@ -149,7 +149,7 @@ func TestTiersAndBlocks(t *testing.T) {
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
-	h := mustNew(t, l, httplimit.Header("X-Key"), httplimit.Options{BlockedStatus: 403}).Wrap(ok)
+	h := mustNew(t, l, header(t, "X-Key"), httplimit.Options{BlockedStatus: 403}).Wrap(ok)
 
 	w := do(h, "192.0.2.1:1", "X-Key", "free-1")
 	assert.Equal(t, `"1m";q=2;w=60`, w.Header().Get("RateLimit-Policy"))
@@ -174,7 +174,7 @@ func TestTiersAndBlocks(t *testing.T) {
 	do(h, "192.0.2.1:1", "X-Key", "free-1")
 	w = do(h, "192.0.2.1:1", "X-Key", "free-1")
 	assert.Equal(t, 429, w.Code)
-	_, err = httplimit.New(l, httplimit.Header("X-Key"), httplimit.Options{BlockedStatus: 200})
+	_, err = httplimit.New(l, header(t, "X-Key"), httplimit.Options{BlockedStatus: 200})
 	assert.ErrorContains(t, err, "Options.BlockedStatus is 200, want 400 to 599")
 }
 

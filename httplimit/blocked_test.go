@@ -21,7 +21,7 @@ import (
 // A rule of MaxWindow advertises its window in full.
 func TestBlockedHeaders(t *testing.T) {
 	l, mc := newLocal(t, hybridlimit.Rule{Limit: 5, Window: hybridlimit.MaxWindow})
-	h := mustNew(t, l, httplimit.Header("X-Key"), httplimit.Options{}).Wrap(ok)
+	h := mustNew(t, l, header(t, "X-Key"), httplimit.Options{}).Wrap(ok)
 	ctx := context.Background()
 	maxSecs := strconv.FormatInt(int64(hybridlimit.MaxWindow/time.Second), 10)
 
@@ -70,7 +70,7 @@ func TestBlockedHeaders(t *testing.T) {
 // RateLimit-Remaining says, and every t is capped at Retry-After.
 func TestBlockedHeadersSeveralRules(t *testing.T) {
 	l, _ := newLocal(t, hybridlimit.Rule{Limit: 100, Window: time.Minute}, hybridlimit.Rule{Limit: 1000, Window: time.Hour})
-	h := mustNew(t, l, httplimit.Header("X-Key"), httplimit.Options{}).Wrap(ok)
+	h := mustNew(t, l, header(t, "X-Key"), httplimit.Options{}).Wrap(ok)
 	w := do(h, "192.0.2.1:1", "X-Key", "k")
 	assert.Equal(t, `"1m";r=99;t=120, "1h";r=999;t=7200`, w.Header().Get("RateLimit"))
 	require.NoError(t, l.Block(context.Background(), "k", 90*time.Second, "r"))
@@ -98,7 +98,7 @@ func TestBlockedFarEnd(t *testing.T) {
 	require.NoError(t, st.PutPolicy(ctx, "hl", store.Policy{Kind: store.Block, Key: "k", Until: 1 << 52}, epoch.UnixMilli()))
 	require.NoError(t, l.Sync(ctx))
 	for _, jitter := range []time.Duration{0, httplimit.MaxRetryJitter} {
-		h := mustNew(t, l, httplimit.Header("X-Key"), httplimit.Options{RetryJitter: jitter}).Wrap(ok)
+		h := mustNew(t, l, header(t, "X-Key"), httplimit.Options{RetryJitter: jitter}).Wrap(ok)
 		w := do(h, "192.0.2.1:1", "X-Key", "k")
 		assert.Equal(t, 429, w.Code)
 		assert.Equal(t, "9223372037", w.Header().Get("Retry-After"), "jitter %v", jitter)

@@ -34,11 +34,12 @@ type IPOptions struct {
 	// IPv4 (10.0.0.0/8) or IPv4-mapped IPv6 (::ffff:10.0.0.0/104), and
 	// matches IPv4 peers either way.
 	TrustedProxies []netip.Prefix
-	// Header is the forwarded header, holding a comma-separated list of
-	// addresses, each proxy appending the address it received the request
-	// from (X-Forwarded-For, the default, or a single-address header such
-	// as X-Real-IP). An entry may carry a port, and an IPv6 address may be
-	// in brackets (see ForwardedClient). RFC 7239's Forwarded header, whose
+	// Header is the name of the forwarded header (a header field name, as
+	// Header accepts), holding a comma-separated list of addresses, each
+	// proxy appending the address it received the request from
+	// (X-Forwarded-For, the default, or a single-address header such as
+	// X-Real-IP). An entry may carry a port, and an IPv6 address may be in
+	// brackets (see ForwardedClient). RFC 7239's Forwarded header, whose
 	// entries are not bare addresses, is refused.
 	Header string
 	// IPv6Bits, if between 1 and 127, keys IPv6 clients on their /IPv6Bits
@@ -66,6 +67,9 @@ func ClientIP(opts IPOptions) (KeyFunc, error) {
 	header := opts.Header
 	if header == "" {
 		header = "X-Forwarded-For"
+	}
+	if !isToken(header) {
+		return nil, fmt.Errorf("httplimit: IPOptions.Header is %q, want a header field name: %s", opts.Header, tokenChars)
 	}
 	header = http.CanonicalHeaderKey(header)
 	if header == "Forwarded" {
@@ -225,16 +229,42 @@ func (k *ipKeyer) format(a netip.Addr) string {
 }
 
 // Header returns a KeyFunc keying requests on the value of the request
-// header name (an API key, a tenant id). A request without it, or with an
-// empty value, gets an error wrapping ErrNoKey.
-func Header(name string) KeyFunc {
+// header name (an API key, a tenant id; case-insensitive). A request
+// without it, or with an empty value, gets an error wrapping ErrNoKey.
+// Header returns an error if name is not a header field name (RFC 9110: a
+// non-empty token of letters, digits and !#$%&'*+-.^_`|~), which no
+// request could carry.
+func Header(name string) (KeyFunc, error) {
+	if !isToken(name) {
+		return nil, fmt.Errorf("httplimit: Header(name=%q): want a header field name: %s", name, tokenChars)
+	}
 	name = http.CanonicalHeaderKey(name)
 	return func(r *http.Request) (string, error) {
 		if v := r.Header[name]; len(v) > 0 && v[0] != "" {
 			return v[0], nil
 		}
 		return "", fmt.Errorf("%w: header %s is missing", ErrNoKey, name)
+	}, nil
+}
+
+// tokenChars describes an RFC 9110 token, for error messages.
+const tokenChars = "letters, digits and !#$%&'*+-.^_`|~"
+
+// isToken reports whether s is an RFC 9110 token: a header field name.
+func isToken(s string) bool {
+	if s == "" {
+		return false
 	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' {
+			continue
+		}
+		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return true
 }
 
 // MethodPath returns a KeyFunc keying requests on their method and URL

@@ -1,6 +1,7 @@
 package httplimit_test
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -107,6 +108,10 @@ func TestClientIPErrors(t *testing.T) {
 	// addresses: every client behind the proxy would share its key.
 	_, err = httplimit.ClientIP(httplimit.IPOptions{Header: "forwarded"})
 	assert.EqualError(t, err, `httplimit: IPOptions.Header is "forwarded", want a header of bare addresses such as X-Forwarded-For or X-Real-IP (the RFC 7239 Forwarded syntax is not parsed)`)
+	for _, h := range []string{"X Forwarded For", "X-Forwarded-For:", "x-forwarded-for\r\n", "\x00", "ключ"} {
+		_, err = httplimit.ClientIP(httplimit.IPOptions{Header: h})
+		assert.EqualError(t, err, fmt.Sprintf("httplimit: IPOptions.Header is %q, want a header field name: letters, digits and !#$%%&'*+-.^_`|~", h))
+	}
 	_, err = httplimit.ParsePrefixes("10.0.0.0/8,nope")
 	assert.ErrorContains(t, err, `trusted proxy "nope"`)
 	_, err = httplimit.ParsePrefixes("10.0.0.0/33")
@@ -146,7 +151,7 @@ func TestOtherKeys(t *testing.T) {
 	assert.NoError(t, err)
 	assert.Equal(t, "POST /users/42", k)
 
-	k, err = httplimit.Header("x-api-key")(r)
+	k, err = header(t, "x-api-key")(r)
 	assert.NoError(t, err)
 	assert.Equal(t, "secret", k)
 
@@ -162,11 +167,11 @@ func TestOtherKeys(t *testing.T) {
 	assert.NoError(t, err)
 	assert.Equal(t, "9:192.0.2.114:POST /users/42", k)
 
-	_, err = httplimit.Combine(ip, httplimit.Header("X-Missing"))(r)
+	_, err = httplimit.Combine(ip, header(t, "X-Missing"))(r)
 	assert.ErrorIs(t, err, httplimit.ErrNoKey)
 
 	// Parts cannot run into each other.
-	a := httplimit.Combine(httplimit.Header("A"), httplimit.Header("B"))
+	a := httplimit.Combine(header(t, "A"), header(t, "B"))
 	r1 := httptest.NewRequest("GET", "/", nil)
 	r1.Header.Set("A", "x:y")
 	r1.Header.Set("B", "z")
@@ -279,5 +284,25 @@ func TestForwardedEntries(t *testing.T) {
 		// the walk there, a parsed one is the client.
 		got = httplimit.ForwardedClient(proxy, []string{"203.0.113.9, " + c.entry}, trusted)
 		assert.Equal(t, want, got.String(), "entry %q after a client", name)
+	}
+}
+
+// TestHeaderName: Header refuses a name no request could carry (empty, or
+// not an RFC 9110 token) when it is called, with an error naming the
+// argument, instead of a key function that fails every request.
+func TestHeaderName(t *testing.T) {
+	for _, name := range []string{"", " ", "X API Key", "X-Key:", "X-Key\r\nX-Other", "(key)", "ключ", "\x7f", "\xff"} {
+		k, err := httplimit.Header(name)
+		assert.EqualError(t, err, fmt.Sprintf("httplimit: Header(name=%q): want a header field name: letters, digits and !#$%%&'*+-.^_`|~", name))
+		assert.Nil(t, k, "name %q", name)
+	}
+	for _, name := range []string{"X-API-Key", "x-api-key", "X_Key", "k", "a1!#$%&'*+-.^_`|~"} {
+		k, err := httplimit.Header(name)
+		require.NoError(t, err, "name %q", name)
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header[http.CanonicalHeaderKey(name)] = []string{"v"}
+		got, err := k(r)
+		assert.NoError(t, err, "name %q", name)
+		assert.Equal(t, "v", got, "name %q", name)
 	}
 }

@@ -52,6 +52,12 @@ func remoteIP(t testing.TB) httplimit.KeyFunc {
 	return k
 }
 
+func header(t testing.TB, name string) httplimit.KeyFunc {
+	k, err := httplimit.Header(name)
+	require.NoError(t, err)
+	return k
+}
+
 func do(h http.Handler, remote string, hdr ...string) *httptest.ResponseRecorder {
 	r := httptest.NewRequest("GET", "/x", nil)
 	r.RemoteAddr = remote
@@ -201,7 +207,7 @@ func TestShadow(t *testing.T) {
 
 func TestKeyErrors(t *testing.T) {
 	l, _ := newLocal(t, hybridlimit.Rule{Limit: 10, Window: time.Minute})
-	h := mustNew(t, l, httplimit.Header("X-API-Key"), httplimit.Options{}).Wrap(ok)
+	h := mustNew(t, l, header(t, "X-API-Key"), httplimit.Options{}).Wrap(ok)
 
 	w := do(h, "192.0.2.1:1")
 	assert.Equal(t, 400, w.Code)
@@ -217,7 +223,7 @@ func TestKeyErrors(t *testing.T) {
 	assert.Equal(t, 200, do(h, "192.0.2.1:1", "X-API-Key", "k1").Code)
 
 	var gotErr error
-	h = mustNew(t, l, httplimit.Header("X-API-Key"), httplimit.Options{
+	h = mustNew(t, l, header(t, "X-API-Key"), httplimit.Options{
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			gotErr = err
 			w.WriteHeader(http.StatusUnauthorized)

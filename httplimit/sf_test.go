@@ -151,7 +151,7 @@ func TestDraftExamples(t *testing.T) {
 
 	// Our fields for the draft's two-policy example.
 	l, _ := newLocal(t, hybridlimit.Rule{Limit: 50, Window: time.Minute}, hybridlimit.Rule{Limit: 1000, Window: time.Hour})
-	m, err := httplimit.New(l, httplimit.Header("K"), httplimit.Options{PolicyNames: []string{"permin", "perhr"}})
+	m, err := httplimit.New(l, header(t, "K"), httplimit.Options{PolicyNames: []string{"permin", "perhr"}})
 	require.NoError(t, err)
 	w := doKey(m, "k")
 	policy := w.Header.Get("RateLimit-Policy")
@@ -172,7 +172,7 @@ func TestDraftExamples(t *testing.T) {
 	// The draft's single-policy examples, produced by our middleware: a
 	// fixed policy of 100 per 10s, after 50 requests at the window's start.
 	l, _ = newLocal(t, hybridlimit.Rule{Limit: 100, Window: 10 * time.Second, Type: hybridlimit.Fixed})
-	m, err = httplimit.New(l, httplimit.Header("K"), httplimit.Options{PolicyNames: []string{"default"}})
+	m, err = httplimit.New(l, header(t, "K"), httplimit.Options{PolicyNames: []string{"default"}})
 	require.NoError(t, err)
 	for range 49 {
 		doKey(m, "k")

@@ -132,7 +132,9 @@ func newServer(c config, log *slog.Logger) (*hybridlimit.Limiter, http.Handler, 
 	}
 	var key httplimit.KeyFunc
 	if c.keyHeader != "" {
-		key = httplimit.Header(c.keyHeader)
+		if key, err = httplimit.Header(c.keyHeader); err != nil {
+			return nil, nil, err
+		}
 	} else {
 		trusted, err := httplimit.ParsePrefixes(c.trust)
 		if err != nil {

@@ -43,6 +43,32 @@ func TestServerLocal(t *testing.T) {
 	assert.Equal(t, hybridlimit.ModeLocal, l.Mode())
 }
 
+// TestServerKeyHeader: -key-header keys on that header; a name no
+// request could carry is refused at startup.
+func TestServerKeyHeader(t *testing.T) {
+	_, _, err := newServer(config{rules: "1/1m", keyHeader: "X API Key"}, slog.New(slog.DiscardHandler))
+	assert.EqualError(t, err, "httplimit: Header(name=\"X API Key\"): want a header field name: letters, digits and !#$%&'*+-.^_`|~")
+
+	l, h, err := newServer(config{rules: "1/1m", keyHeader: "X-API-Key"}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	defer func() { _ = l.Close(context.Background()) }()
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	codes := []int{}
+	for _, k := range []string{"a", "b", "a", ""} {
+		req, err := http.NewRequest("GET", srv.URL+"/hello", nil)
+		require.NoError(t, err)
+		if k != "" {
+			req.Header.Set("X-API-Key", k)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		codes = append(codes, resp.StatusCode)
+	}
+	assert.Equal(t, []int{200, 200, 429, 400}, codes)
+}
+
 func TestServerRedis(t *testing.T) {
 	addr := redistest.Addr(t)
 	c := config{rules: "3/1h", redisAddr: addr, prefix: redistest.Prefix(t), syncRate: 10 * time.Millisecond}
