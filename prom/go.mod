@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261124095159-8fb8d5e0a938
+	github.com/hybridlimit/hybridlimit v0.0.0-20261124102815-ae656f2ee5b0
 	github.com/stretchr/testify v1.12.1
 )
 
