@@ -249,18 +249,27 @@ type RuleState struct {
 	Rule   int
 	Limit  int64
 	Window time.Duration
-	// Remaining is the cost the rule still admits now.
+	// Remaining is the cost the rule still admits now: in ModeAsync under
+	// the share policy, at most what this node's share of the rule still
+	// admits.
 	Remaining int64
-	// ResetAfter is how long until the rule is back to its full limit, if
-	// nothing is admitted meanwhile.
+	// ResetAfter is how long until the counts this node sees for the rule
+	// have left its window, if nothing is admitted meanwhile: the rule is
+	// then back to its full limit (under the share policy, to this node's
+	// share of it, until a sync hands the key back to the plain rule).
 	ResetAfter time.Duration
 }
 
 // State appends the state of every rule for key, as this node sees it now,
 // to dst and returns the extended slice. It consumes nothing and does no
 // I/O in any mode: in ModeSynchronous it reports the counts seen by this
-// node's last decision on key. Use it to fill per-rule response headers
-// after a decision. It allocates only when dst lacks room.
+// node's last decision on key. In ModeAsync under the share policy (the
+// default AsyncPolicy) each rule's Remaining is what AllowN would admit by
+// that rule now, the node's share included: the least Remaining of the
+// rules is the largest cost PeekN admits, and right after a decision,
+// with no other decision on key in between, its rule's state has the
+// decision's Remaining. Use it to fill per-rule response headers after a
+// decision. It allocates only when dst lacks room.
 func (l *Limiter) State(ctx context.Context, key string, dst []RuleState) ([]RuleState, error) {
 	t, _, err := l.route(key, 1, "State")
 	if err != nil {
@@ -270,10 +279,11 @@ func (l *Limiter) State(ctx context.Context, key string, dst []RuleState) ([]Rul
 }
 
 // TierState is State for the rules of the named tier ("" for
-// Config.Rules), whatever tier key is in now. With Result.Tier it
-// describes the rules a decision was made by, also when SetOverride,
-// RemoveOverride or Config.TierOf moved the key to another tier since: the
-// per-rule response headers of a decision then match its Result. A name
+// Config.Rules), whatever tier key is in now, the share policy included.
+// With Result.Tier it describes the rules a decision was made by, also
+// when SetOverride, RemoveOverride or Config.TierOf moved the key to
+// another tier since: the per-rule response headers of a decision then
+// match its Result. A name
 // that is not a tier gives an error wrapping ErrUnknownTier.
 func (l *Limiter) TierState(ctx context.Context, key, tier string, dst []RuleState) ([]RuleState, error) {
 	if l.closed.Load() || uint(len(key)-1) >= uint(l.cfg.MaxKeyLen) {
@@ -288,12 +298,11 @@ func (l *Limiter) TierState(ctx context.Context, key, tier string, dst []RuleSta
 
 // state appends the state of every rule of t for key to dst.
 func (l *Limiter) state(t *tier, key string, dst []RuleState) []RuleState {
-	var counts [MaxRules]local.Counts
-	t.table.View(key, l.clock.now(), 1, counts[:len(t.rules)])
+	var lv [MaxRules]local.Level
+	t.table.Levels(key, l.clock.now(), lv[:len(t.rules)])
 	for i := range t.rules {
-		rem, reset := t.rules[i].Level(counts[i])
 		r := &t.cfg[i]
-		dst = append(dst, RuleState{Rule: i, Limit: r.Limit, Window: r.Window, Remaining: rem, ResetAfter: time.Duration(reset)})
+		dst = append(dst, RuleState{Rule: i, Limit: r.Limit, Window: r.Window, Remaining: lv[i].Remaining, ResetAfter: time.Duration(lv[i].ResetAfter)})
 	}
 	return dst
 }

@@ -229,19 +229,8 @@ func (t *Table) Peek(key string, n, now int64) Decision {
 func (t *Table) peekShare(e *Entry, v []Counts, n, now int64) Decision {
 	d := Decision{Allowed: true, Rule: -1, Remaining: math.MaxInt64}
 	for i := range t.rules {
-		r, c := &t.rules[i], &v[i]
-		rem, _, reset, delay := r.describe(c, 0, true, 1)
-		var room float64
-		applies := false
-		switch {
-		case r.kind == Buckets:
-			id, _ := WindowOf(now, r.w)
-			room, applies = t.bucketShareRoomOf(e, i, c.Buckets, id)
-		case r.counted():
-			id, _ := WindowOf(now, r.w)
-			_, room, applies = t.shareRoomOf(e, i, c.Prev, c.Cur, id, c.Elapsed)
-		}
-		if applies {
+		rem, _, reset, delay := t.rules[i].describe(&v[i], 0, true, 1)
+		if room, applies := t.shareRoomAt(e, i, &v[i], now); applies {
 			if float64(n) > room+Epsilon {
 				return t.denied(e, n, now)
 			}
@@ -255,6 +244,56 @@ func (t *Table) peekShare(e *Entry, v []Counts, n, now int64) Decision {
 	return d
 }
 
+// shareRoomAt returns the share policy's room for rule i of e at counts c
+// (read at now), and whether the policy applies to the rule: only Sliding,
+// Fixed and Buckets rules have shares.
+func (t *Table) shareRoomAt(e *Entry, i int, c *Counts, now int64) (float64, bool) {
+	r := &t.rules[i]
+	if !r.counted() {
+		return 0, false
+	}
+	id, _ := WindowOf(now, r.w)
+	if r.kind == Buckets {
+		return t.bucketShareRoomOf(e, i, c.Buckets, id)
+	}
+	_, room, applies := t.shareRoomOf(e, i, c.Prev, c.Cur, id, c.Elapsed)
+	return room, applies
+}
+
+// Level is one rule's state for a key at an instant.
+type Level struct {
+	// Remaining is the cost the rule still admits.
+	Remaining int64
+	// ResetAfter is how long until the rule's counts are back to zero
+	// (ns), if nothing is admitted meanwhile.
+	ResetAfter int64
+}
+
+// Levels fills dst (one element per rule) with key's level of each rule
+// at now, as this node sees it. Under the share policy a rule's Remaining
+// is at most what its share still admits, as Peek and Allow decide: the
+// least Remaining of the rules is the largest cost Peek admits at now.
+// ResetAfter is the plain rule's, as Allow reports it for an admitted
+// request. It creates no entry.
+func (t *Table) Levels(key string, now int64, dst []Level) {
+	var v [MaxRules]Counts
+	var e *Entry
+	if e = t.load(t.hash(key), key); e != nil {
+		t.views(e, now, 1, v[:len(t.rules)])
+	} else {
+		t.empty(now, v[:len(t.rules)])
+	}
+	for i := range t.rules {
+		rem, reset := t.rules[i].Level(v[i])
+		if t.share && e != nil {
+			if room, applies := t.shareRoomAt(e, i, &v[i], now); applies {
+				rem = min(rem, int64(max(room, 0)))
+			}
+		}
+		dst[i] = Level{Remaining: rem, ResetAfter: reset}
+	}
+}
+
 // Tracked reports whether the table holds key.
 func (t *Table) Tracked(key string) bool { return t.load(t.hash(key), key) != nil }
 
@@ -266,6 +305,13 @@ func (t *Table) View(key string, now, n int64, dst []Counts) bool {
 		t.views(e, now, n, dst)
 		return true
 	}
+	t.empty(now, dst)
+	return false
+}
+
+// empty fills dst (one element per rule) with the counts of a key the
+// table does not hold, at now.
+func (t *Table) empty(now int64, dst []Counts) {
 	for i := range t.rules {
 		r := &t.rules[i]
 		switch r.kind {
@@ -281,5 +327,4 @@ func (t *Table) View(key string, now, n int64, dst []Counts) bool {
 			dst[i] = Counts{Elapsed: el}
 		}
 	}
-	return false
 }
