@@ -98,7 +98,7 @@ func (t *Table) denied(e *Entry, n, now int64) Decision {
 				// earliest.
 				if retry := max(r.w-el, 1000); retry > d.RetryAfter {
 					d.Rule, d.RetryAfter, d.Remaining = i, retry, int64(max(room, 0))
-					d.ResetAfter = r.w*r.span - el
+					_, d.ResetAfter = r.bucketLevel(c.Buckets, c.Elapsed) // the plain rule's, as for the other kinds
 				}
 			}
 			continue
@@ -273,8 +273,8 @@ type Level struct {
 // at now, as this node sees it. Under the share policy a rule's Remaining
 // is at most what its share still admits, as Peek and Allow decide: the
 // least Remaining of the rules is the largest cost Peek admits at now.
-// ResetAfter is the plain rule's, as Allow reports it for an admitted
-// request. It creates no entry.
+// ResetAfter is the plain rule's, as Allow and Peek report it. It creates
+// no entry.
 func (t *Table) Levels(key string, now int64, dst []Level) {
 	var v [MaxRules]Counts
 	var e *Entry
