@@ -14,8 +14,9 @@ import (
 // the same instant, on three ModeAsync nodes under the share policy, whose
 // shares deny what the plain rule admits: before each decision the least
 // Remaining of the rules is the largest cost PeekN admits, and no rule
-// reports less; right after it, the decision's rule reports the
-// decision's Remaining and ResetAfter. It allocates nothing.
+// reports less; right after it (of a cost from 1 to 7), the decision's
+// rule reports the decision's Remaining and ResetAfter. It allocates
+// nothing.
 func TestStateFollowsTheSharePolicy(t *testing.T) {
 	ctx := context.Background()
 	for _, rules := range [][]Rule{
@@ -64,12 +65,12 @@ func TestStateFollowsTheSharePolicy(t *testing.T) {
 				require.Equal(t, admits, least, "step %d: the largest cost PeekN admits (want) and State's least Remaining (got): %+v", step, st)
 
 				var v [MaxRules]local.Counts
-				l.def.table.View("k", l.clock.now(), 1, v[:len(rules)])
+				l.def.table.View("k", l.clock.now(), 1+int64(step%7), v[:len(rules)])
 				plain := true
 				for i := range rules {
-					plain = plain && l.def.rules[i].Admits(v[i], 1)
+					plain = plain && l.def.rules[i].Admits(v[i], 1+int64(step%7))
 				}
-				a, err := l.Allow(ctx, "k")
+				a, err := l.AllowN(ctx, "k", 1+int64(step%7))
 				require.NoError(t, err)
 				if !a.Allowed && plain {
 					byShare++

@@ -89,15 +89,19 @@ func (t *Table) denied(e *Entry, n, now int64) Decision {
 	}
 	// The share policy may deny what the plain rule admits: its wait wins
 	// when it is longer.
+	var rooms [MaxRules]float64
+	var shared [MaxRules]bool
 	for i := range t.rules {
 		r, c := &t.rules[i], &v[i]
 		if r.kind == Buckets {
 			id, el := WindowOf(now, r.w)
-			if room, applies := t.bucketShareRoomOf(e, i, c.Buckets, id); applies && float64(n) > room+Epsilon {
+			room, applies := t.bucketShareRoomOf(e, i, c.Buckets, id)
+			rooms[i], shared[i] = room, applies
+			if applies && float64(n) > room+Epsilon {
 				// Room grows as buckets leave: at the next boundary at the
 				// earliest.
 				if retry := max(r.w-el, 1000); retry > d.RetryAfter {
-					d.Rule, d.RetryAfter, d.Remaining = i, retry, int64(max(room, 0))
+					d.Rule, d.RetryAfter = i, retry
 					_, d.ResetAfter = r.bucketLevel(c.Buckets, c.Elapsed) // the plain rule's, as for the other kinds
 				}
 			}
@@ -111,10 +115,17 @@ func (t *Table) denied(e *Entry, n, now int64) Decision {
 		if !applies {
 			continue
 		}
+		rooms[i], shared[i] = room, true
 		if retry := r.shareRetry(sv, room, c.Prev, c.Elapsed, n); retry > d.RetryAfter {
-			d.Rule, d.RetryAfter, d.Remaining = i, retry, int64(max(room, 0))
+			d.Rule, d.RetryAfter = i, retry
 			d.ResetAfter = r.resetAfter(c.Prev, c.Cur, c.Elapsed)
 		}
+	}
+	if i := d.Rule; i >= 0 && shared[i] {
+		// What the rule admits: the plain rule's Remaining, at most its
+		// share's room, as State reports it.
+		rem, _ := t.rules[i].Level(v[i])
+		d.Remaining = min(rem, int64(max(rooms[i], 0)))
 	}
 	return d
 }
