@@ -269,7 +269,8 @@ type RuleState struct {
 // rules is the largest cost PeekN admits, and right after a decision,
 // with no other decision on key in between, its rule's state has the
 // decision's Remaining. Use it to fill per-rule response headers after a
-// decision. It allocates only when dst lacks room.
+// decision. It allocates when dst lacks room, and once per Bucketed rule
+// (a copy of its buckets' counts); otherwise nothing.
 func (l *Limiter) State(ctx context.Context, key string, dst []RuleState) ([]RuleState, error) {
 	t, _, err := l.route(key, 1, "State")
 	if err != nil {
