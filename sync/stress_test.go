@@ -185,7 +185,7 @@ func stress(t *testing.T, specs []local.Spec, share bool, jitter int64) {
 	// Close, the store still failing now and then. (Decisions racing
 	// Close are left out: one that a later rule denies after the final
 	// flush took its first rule's increment leaves that increment in the
-	// store; see the review's report.)
+	// store: docs/failures.md, "Close".)
 	st.p.Store(20)
 	require.NoError(t, loop.Flush(ctx))
 	require.NoError(t, loop2.Flush(ctx))
