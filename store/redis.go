@@ -55,10 +55,13 @@ type Redis struct {
 	calls atomic.Uint64
 
 	// With a Redis Cluster client, the route (Router) of each hash slot:
-	// the index in routeIdx of the master that last served a call for it.
+	// 1 + the index in routeIdx of the master the client's slot map last
+	// named for it, 0 while unknown. learnt is set once the client has a
+	// slot map, which Route then reads without I/O.
 	routeOf  []atomic.Uint32
 	routeMu  sync.Mutex
 	routeIdx map[string]uint32
+	learnt   atomic.Bool
 }
 
 // RedisOptions configures NewRedis. The zero value selects the defaults.
@@ -246,14 +249,22 @@ func (s *Redis) server(ctx context.Context, g int) string {
 }
 
 // Route implements Router: with a Redis Cluster client, the route of a
-// key is the master that served the last call for its hash slot (0 for a
-// slot no call went to yet); with any other client, 0. It reads what
-// earlier calls learnt and sends nothing.
+// key is the master its hash slot had in the client's slot map at the last
+// call for the slot, or, for a slot no call went to yet, the master the
+// slot map names now (1 and up); with any other client, or before the
+// client read its slot map, 0. It sends nothing itself (reading the slot
+// map may start go-redis' own background reload of it, as any call does).
 func (s *Redis) Route(prefix, key string) int {
 	if s.routeOf == nil {
 		return 0
 	}
-	return int(s.routeOf[Slot(key)].Load())
+	g := Slot(key)
+	if r := s.routeOf[g].Load(); r != 0 || !s.learnt.Load() {
+		return int(r)
+	}
+	// The client holds a slot map: reading it sends nothing.
+	s.server(context.Background(), g)
+	return int(s.routeOf[g].Load())
 }
 
 // noteRoute records that addr serves hash slot g, for Route.
@@ -261,12 +272,15 @@ func (s *Redis) noteRoute(g int, addr string) {
 	s.routeMu.Lock()
 	r, ok := s.routeIdx[addr]
 	if !ok {
-		r = uint32(len(s.routeIdx))
+		r = uint32(len(s.routeIdx)) + 1
 		s.routeIdx[addr] = r
 	}
 	s.routeMu.Unlock()
 	if s.routeOf[g].Load() != r {
 		s.routeOf[g].Store(r)
+	}
+	if !s.learnt.Load() {
+		s.learnt.Store(true)
 	}
 }
 
