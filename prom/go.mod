@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261124103843-10def0f103f6
+	github.com/hybridlimit/hybridlimit v0.0.0-20261124110137-b17d330aaf66
 	github.com/stretchr/testify v1.12.1
 )
 
