@@ -136,7 +136,9 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 				if !killedKey[r.Key] {
 					switch {
 					case r.Status == store.InDoubt:
-						healthyInDoubt.Add(1)
+						if healthyInDoubt.Add(1) <= 5 {
+							t.Logf("synchronous request on healthy key %q in doubt after %v: %v", r.Key, end.Sub(start), r.Err)
+						}
 					case r.Status == store.Applied || !trafficOn.Load():
 					case lateTake(r, end):
 						healthyLate.Add(1)
