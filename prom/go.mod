@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261124110137-b17d330aaf66
+	github.com/hybridlimit/hybridlimit v0.0.0-20261124111201-2e0cb47ea66e
 	github.com/stretchr/testify v1.12.1
 )
 
