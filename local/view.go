@@ -212,18 +212,16 @@ func (t *Table) view(e *Entry, i int, now, n int64) Counts {
 // included (admission, Remaining and RetryAfter). It creates no entry.
 func (t *Table) Peek(key string, n, now int64) Decision {
 	var v [MaxRules]Counts
-	t.View(key, now, n, v[:len(t.rules)])
+	e := t.viewEntry(key, now, n, v[:len(t.rules)])
 	allowed := true
 	for i := range t.rules {
 		allowed = allowed && t.rules[i].Admits(v[i], n)
 	}
-	if t.share {
-		if e := t.load(t.hash(key), key); e != nil {
-			if !allowed {
-				return t.denied(e, n, now) // the share's wait when longer
-			}
-			return t.peekShare(e, v[:len(t.rules)], n, now)
+	if t.share && e != nil {
+		if !allowed {
+			return t.denied(e, n, now) // the share's wait when longer
 		}
+		return t.peekShare(e, v[:len(t.rules)], n, now)
 	}
 	if !allowed {
 		return Summarize(t.rules, v[:len(t.rules)], n, false, 1)
@@ -288,12 +286,7 @@ type Level struct {
 // no entry.
 func (t *Table) Levels(key string, now int64, dst []Level) {
 	var v [MaxRules]Counts
-	var e *Entry
-	if e = t.load(t.hash(key), key); e != nil {
-		t.views(e, now, 1, v[:len(t.rules)])
-	} else {
-		t.empty(now, v[:len(t.rules)])
-	}
+	e := t.viewEntry(key, now, 1, v[:len(t.rules)])
 	for i := range t.rules {
 		rem, reset := t.rules[i].Level(v[i])
 		if t.share && e != nil {
@@ -312,12 +305,19 @@ func (t *Table) Tracked(key string) bool { return t.load(t.hash(key), key) != ni
 // node sees them, for a request of cost n, and reports whether the key is
 // tracked (untracked keys read as empty).
 func (t *Table) View(key string, now, n int64, dst []Counts) bool {
-	if e := t.load(t.hash(key), key); e != nil {
+	return t.viewEntry(key, now, n, dst) != nil
+}
+
+// viewEntry is View, returning key's entry, or nil when the table does not
+// hold key.
+func (t *Table) viewEntry(key string, now, n int64, dst []Counts) *Entry {
+	e := t.load(t.hash(key), key)
+	if e != nil {
 		t.views(e, now, n, dst)
-		return true
+	} else {
+		t.empty(now, dst)
 	}
-	t.empty(now, dst)
-	return false
+	return e
 }
 
 // empty fills dst (one element per rule) with the counts of a key the
