@@ -50,7 +50,6 @@ type synchronous struct {
 
 	one    route                            // the queue without a Router
 	routes [maxRoutes]atomic.Pointer[route] // with one, made on first use
-	mu     sync.Mutex                       // makes routes
 }
 
 // route is the queue of the decisions of one route of the store (all of
@@ -99,14 +98,8 @@ func (s *synchronous) route(key string) *route {
 	if r := s.routes[i].Load(); r != nil {
 		return r
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.routes[i].Load()
-	if r == nil {
-		r = &route{s: s}
-		s.routes[i].Store(r)
-	}
-	return r
+	s.routes[i].CompareAndSwap(nil, &route{s: s})
+	return s.routes[i].Load()
 }
 
 // decide makes one decision in the store, or by the FailurePolicy when
