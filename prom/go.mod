@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261124111201-2e0cb47ea66e
+	github.com/hybridlimit/hybridlimit v0.0.0-20261124113807-dbb837e102c2
 	github.com/stretchr/testify v1.12.1
 )
 
