@@ -75,17 +75,74 @@ type syncState struct {
 
 // staleCount is a counter's increments of windows older than the
 // previous one: those still to push (after a store outage across a
-// rollover), and those a take moved into a batch that the store has not
-// answered. It lives in the entry's extension, allocated when first
-// needed.
+// rollover, or take-backs of increments already pushed), and those a take
+// moved into a batch that the store has not answered. It lives in the
+// entry's extension, allocated when first needed.
 type staleCount struct {
 	win int64 // window of n
 	n   int64
+	// back holds the increments of other windows than win that must not be
+	// dropped for a newer window's: take-backs (negative increments, for
+	// requests that the store counts and that were not admitted after all),
+	// and the increments of those windows since. At most maxBack windows,
+	// the oldest discarded first.
+	back []staleWin
 	// flying is the increments of windows older than the previous one that
 	// are in batches the store has not answered: stale pushes, and pushes
 	// of windows the counter rolled away from since their take. Settle and
 	// Release take them out.
 	flying int64
+}
+
+// staleWin is the increments n of window win.
+type staleWin struct{ win, n int64 }
+
+// maxBack bounds staleCount.back: take-backs of that many windows older
+// than the previous one wait for the store at once only when every take
+// of a counter fails while its decisions are undone across rollovers.
+const maxBack = 8
+
+// pending returns the increments s holds for window id that no take has
+// moved into a batch yet.
+func (s *staleCount) pending(id int64) int64 {
+	n := int64(0)
+	if s.win == id {
+		n = s.n
+	}
+	for _, b := range s.back {
+		if b.win == id {
+			n += b.n
+		}
+	}
+	return n
+}
+
+// keepBack adds d increments of window win to s.back. It returns the
+// positive increments discarded to make room (the oldest window's);
+// discarded take-backs leave the store counting requests that were not
+// admitted, which errs on the side of the limit.
+func (s *staleCount) keepBack(win, d int64) (dropped int64) {
+	for k := range s.back {
+		if s.back[k].win == win {
+			s.back[k].n += d
+			if s.back[k].n == 0 {
+				s.back = append(s.back[:k], s.back[k+1:]...)
+			}
+			return 0
+		}
+	}
+	if len(s.back) == maxBack {
+		oldest := 0
+		for k := range s.back {
+			if s.back[k].win < s.back[oldest].win {
+				oldest = k
+			}
+		}
+		dropped = max(s.back[oldest].n, 0)
+		s.back = append(s.back[:oldest], s.back[oldest+1:]...)
+	}
+	s.back = append(s.back, staleWin{win, d})
+	return dropped
 }
 
 // stale returns rule i's stale increments of e, nil when there have never
@@ -99,8 +156,9 @@ func (t *Table) stale(e *Entry, i int) *staleCount {
 
 // stash keeps d increments of window win of rule i of e, older than the
 // previous one, to be pushed by a later take. It returns the increments
-// discarded to make room: a counter keeps one such window, the most
-// recent. Call with e's mutex held.
+// discarded to make room: a counter keeps the positive increments of one
+// such window, the most recent, and beside it take-backs of others (see
+// staleCount.back). Call with e's mutex held.
 func (t *Table) stash(e *Entry, i int, win, d int64) (dropped int64) {
 	if d == 0 {
 		return 0
@@ -110,10 +168,16 @@ func (t *Table) stash(e *Entry, i int, win, d int64) (dropped int64) {
 	case s.n == 0 || s.win == win:
 		s.win, s.n = win, s.n+d
 	case win > s.win:
-		dropped = max(s.n, 0)
+		if s.n > 0 {
+			dropped = s.n
+		} else {
+			dropped = s.keepBack(s.win, s.n)
+		}
 		s.win, s.n = win, d
+	case d < 0 || s.pending(win) != 0:
+		dropped = s.keepBack(win, d)
 	default:
-		dropped = max(d, 0)
+		dropped = d
 	}
 	return dropped
 }
@@ -145,6 +209,9 @@ func (t *Table) unsynced(e *Entry, i int) int64 {
 	n := s.inflight + s.adj + s.prevPending + s.prevInflight
 	if st := t.stale(e, i); st != nil {
 		n += st.n + st.flying
+		for _, b := range st.back {
+			n += b.n
+		}
 	}
 	return n
 }
@@ -439,7 +506,7 @@ func (t *Table) hasUnsynced(e *Entry) bool {
 			if s := t.sync(e, i); s.inflight != 0 || s.adj != 0 || s.prevPending != 0 || s.prevInflight != 0 {
 				return true
 			}
-			if st := t.stale(e, i); st != nil && (st.n != 0 || st.flying != 0) {
+			if st := t.stale(e, i); st != nil && (st.n != 0 || st.flying != 0 || len(st.back) != 0) {
 				return true
 			}
 		}

@@ -68,10 +68,17 @@ func (t *Table) takeLocked(e *Entry, now int64, dst []Push) ([]Push, bool) {
 		case read:
 			dst = append(dst, Push{Rule: i, Win: win - 1, kind: pushPrev})
 		}
-		if st := t.stale(e, i); st != nil && st.n != 0 {
-			dst = append(dst, Push{Rule: i, Win: st.win, Delta: st.n, kind: pushStale})
-			st.flying += st.n
-			st.n = 0
+		if st := t.stale(e, i); st != nil {
+			if st.n != 0 {
+				dst = append(dst, Push{Rule: i, Win: st.win, Delta: st.n, kind: pushStale})
+				st.flying += st.n
+				st.n = 0
+			}
+			for _, b := range st.back {
+				dst = append(dst, Push{Rule: i, Win: b.win, Delta: b.n, kind: pushStale})
+				st.flying += b.n
+			}
+			st.back = st.back[:0]
 		}
 		dst = t.takeOld(e, i, win, now, dst)
 	}
@@ -140,8 +147,8 @@ func (t *Table) settleOld(e *Entry, i int, id, n int64) {
 	if !t.inWindow(e, i, id) {
 		return
 	}
-	if st := t.stale(e, i); st != nil && st.win == id {
-		n += st.n
+	if st := t.stale(e, i); st != nil {
+		n += st.pending(id)
 	}
 	s := &t.xOf(e).Load().hist[t.histOff[i]+t.rules[i].bucketSlot(id)]
 	if s.id.Load() == id && s.n.Load() > n {

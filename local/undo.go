@@ -141,9 +141,9 @@ func (t *Table) undo(e *Entry, i int, w word, win, n int64) {
 		if t.rules[i].kind == Buckets {
 			t.histAdd(e, i, win, -n)
 		}
-		if st := t.stale(e, i); t.syncing && (st == nil || st.n == 0 || st.win == win) {
+		if t.syncing {
 			t.stash(e, i, win, -n)
-		} // else the slot holds another window's increments: n stays counted
+		}
 	}
 	if t.syncing {
 		// The sync loop must push the adjustment even when no decision
