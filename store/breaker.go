@@ -36,17 +36,27 @@ func newBreaker(minBackoff, maxBackoff time.Duration) *breaker {
 // after the backoff makes the call the circuit's probe: report its outcome
 // with done.
 func (b *breaker) allow(node string) bool {
+	_, ok := b.allowAt(node)
+	return ok
+}
+
+// allowAt is allow, also returning, for a probe, when it was allowed (zero
+// otherwise): the probe's outcome is reported with a sent time no earlier
+// than that, since a call sent before the circuit opened changes nothing
+// (see done) and a probe's failure must hand the turn on.
+func (b *breaker) allowAt(node string) (time.Time, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	c := b.nodes[node]
 	if c == nil || c.failures == 0 {
-		return true
+		return time.Time{}, true
 	}
-	if c.probing || b.now().Before(c.until) {
-		return false
+	now := b.now()
+	if c.probing || now.Before(c.until) {
+		return time.Time{}, false
 	}
 	c.probing = true
-	return true
+	return now, true
 }
 
 // done records the outcome of a call to node sent at sent: ok when the

@@ -286,13 +286,46 @@ func (s *Redis) noteRoute(g int, addr string) {
 
 // allow reports whether a call to the server of group g may be sent, and
 // returns the server's address (to send the call with the other calls to
-// that server, and to report the outcome to).
-func (s *Redis) allow(ctx context.Context, g int) (string, bool) {
+// that server, and to report the outcome to). A call its lane sends is
+// reported as sent at the lane's start, or, for the circuit's probe, no
+// earlier than when allow let it through (sent.note).
+func (s *Redis) allow(ctx context.Context, g int, sent *sentAt) (string, bool) {
 	addr := s.server(ctx, g)
 	if s.breaker == nil {
 		return addr, true
 	}
-	return addr, s.breaker.allow(addr)
+	at, ok := s.breaker.allowAt(addr)
+	if ok && !at.IsZero() {
+		sent.note(addr, at)
+	}
+	return addr, ok
+}
+
+// sentAt is when a lane's calls were sent, for the breaker: the lane's
+// start, or for a server the lane probes, when the probe was allowed. A
+// lane allows its calls one after another, so another lane's failure can
+// open a circuit after the lane began and before it allows its probe; the
+// probe's failure reported with the lane's start would count as part of
+// the failure that opened the circuit, and leave the circuit waiting for
+// a probe that has ended, refusing every call to the server from then on.
+type sentAt struct {
+	start  time.Time
+	probes map[string]time.Time
+}
+
+func (s *sentAt) note(addr string, at time.Time) {
+	if s.probes == nil {
+		s.probes = map[string]time.Time{}
+	}
+	s.probes[addr] = at
+}
+
+// of returns when the lane's call to addr was sent.
+func (s *sentAt) of(addr string) time.Time {
+	if at, ok := s.probes[addr]; ok && at.After(s.start) {
+		return at
+	}
+	return s.start
 }
 
 // report reports to the breaker the outcome of a call to addr sent at
@@ -336,10 +369,10 @@ func (s *Redis) merge(outcome map[string]error, addr string, err error) {
 }
 
 // reportAll reports to the breaker, once per server, the outcome of a
-// pipeline sent at sent.
-func (s *Redis) reportAll(ctx context.Context, outcome map[string]error, sent time.Time) {
+// lane's pipeline.
+func (s *Redis) reportAll(ctx context.Context, outcome map[string]error, sent *sentAt) {
 	for addr, err := range outcome {
-		s.report(ctx, addr, sent, err)
+		s.report(ctx, addr, sent.of(addr), err)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
-	"time"
 	"unsafe"
 
 	"github.com/redis/go-redis/v9"
@@ -23,7 +22,7 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 	}
 	addrs := make([]string, len(batches)) // by batch: each lane writes its own
 	s.lanes(len(batches), func(i int) int { return batches[i].Group % s.o.Lanes }, func(items []int) {
-		sent := s.now()
+		sent := &sentAt{start: s.now()}
 		var send []int
 		// One breaker decision per server and call: a circuit that opens or
 		// half-opens during the call must not refuse an older batch of a
@@ -35,7 +34,7 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 			ok, seen := allowed[b.Group]
 			addr := ""
 			if !seen {
-				addr, ok = s.allow(ctx, b.Group)
+				addr, ok = s.allow(ctx, b.Group, sent)
 				allowed[b.Group] = ok
 			} else if ok {
 				addr = s.server(ctx, b.Group)
@@ -55,8 +54,8 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 }
 
 // pushCalls sends batches[i] for every i in send as one pipeline, and sets
-// their results; sent is when the lane began, for the breaker.
-func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, addrs []string, sent time.Time) {
+// their results; sent is when the lane sent them, for the breaker.
+func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, addrs []string, sent *sentAt) {
 	if len(send) == 0 {
 		return
 	}

@@ -63,7 +63,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 		}
 	}()
 	s.lanes(len(calls), func(i int) int { return calls[i].group % s.o.Lanes }, func(items []int) {
-		sent := s.now()
+		sent := &sentAt{start: s.now()}
 		// Calls of one pipeline must not share a take marker (one prefix
 		// and group, several sets of rules): each run would overwrite the
 		// marker of the one before, and a client's retry of the pipeline
@@ -85,7 +85,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 		var send []int
 		for _, i := range items {
 			c := calls[i]
-			addr, ok := s.allow(ctx, c.group)
+			addr, ok := s.allow(ctx, c.group, sent)
 			if !ok {
 				for _, r := range c.reqs {
 					r.Status, r.Err = Failed, errOpen
