@@ -3,7 +3,9 @@ package hybridlimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,8 +49,20 @@ import (
 // StoreTimeout, and the store then refuses the request for its deadline
 // (store.Failed, counted nowhere) and the FailurePolicy decides it. Those
 // decisions are Degraded by design; every other failure on a healthy shard
-// fails the test. The traffic runs until a healthy synchronous key reached
-// its limit, however slowly the nodes decide.
+// fails the test. A loaded machine can also leave this process unscheduled
+// for longer than the StoreTimeout: a call to a healthy master then gets
+// no answer in time, is in doubt and opens that master's circuit, as it
+// would without any fault. A witness tells those apart from calls that
+// the dead shard held: a loop pinging each healthy master through a client
+// of its own, whose round trips take well under a millisecond. An in-doubt
+// call is excused only when that witness got no answer for a quarter of
+// the StoreTimeout or longer while the call ran (with go-redis' 300 ms
+// read timeout, such a stall and the client's retry use up the call's
+// 400 ms); its requests may then be counted twice (as docs/failures.md
+// says of lost replies), and the calls its open circuit failed until a
+// call to that master succeeded again are excused with it. The traffic
+// runs until a healthy synchronous key reached its limit, however slowly
+// the nodes decide.
 func TestFaultClusterMasterKilled(t *testing.T) {
 	for _, coverage := range []string{"no", "yes"} {
 		t.Run("full-coverage="+coverage, func(t *testing.T) { clusterMasterKilled(t, coverage) })
@@ -104,9 +118,20 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	// last applied, and the synchronous requests whose answer was lost.
 	var killedAt atomic.Int64 // Unix ns, 0 before the kill
 	var goneAt atomic.Int64   // Unix ns once the killed process is gone, 0 before
-	var inDoubtTakes, healthyInDoubt, healthyLate, healthyFailed atomic.Int64
+	var inDoubtTakes, healthyLate atomic.Int64
+	masterOf := map[string]string{} // healthy synchronous key -> its master
+	for _, sh := range []redistest.ClusterShard{shards[0], shards[2]} {
+		for _, k := range healthySync {
+			if onShard(sh, store.Slot(k)) {
+				masterOf[k] = sh.Master
+			}
+		}
+	}
+	var healthyMu sync.Mutex
+	var healthyTakes []healthyTake
 	var trafficOn atomic.Bool
 	type node struct {
+		id        int
 		l         *hybridlimit.Limiter
 		recovered atomic.Int64 // Unix ns of the first success on the killed shard after the kill
 	}
@@ -121,8 +146,10 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	}
 	const syncLimit = 400
 	pfxA, pfxS := redistest.Prefix(t), redistest.Prefix(t)
+	nodes := 0
 	mk := func(mode hybridlimit.Mode) *node {
-		n := &node{}
+		nodes++
+		n := &node{id: nodes}
 		w := &watched{Store: newRedisStore(t, newClient())}
 		w.onPush = func(start, end time.Time, bs []*store.Batch) {
 			for _, b := range bs {
@@ -134,19 +161,16 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 		w.onTake = func(start, end time.Time, rs []*store.TakeRequest) {
 			for _, r := range rs {
 				if !killedKey[r.Key] {
-					switch {
-					case r.Status == store.InDoubt:
-						if healthyInDoubt.Add(1) <= 5 {
-							t.Logf("synchronous request on healthy key %q in doubt after %v: %v", r.Key, end.Sub(start), r.Err)
-						}
-					case r.Status == store.Applied || !trafficOn.Load():
-					case lateTake(r, end):
-						healthyLate.Add(1)
-					default:
-						if healthyFailed.Add(1) <= 5 && coverage == "no" {
-							t.Logf("synchronous request on healthy key %q: %v: %v", r.Key, r.Status, r.Err)
-						}
+					if !trafficOn.Load() {
+						continue
 					}
+					late := lateTake(r, end)
+					if late {
+						healthyLate.Add(1)
+					}
+					healthyMu.Lock()
+					healthyTakes = append(healthyTakes, healthyTake{node: n.id, key: r.Key, start: start, end: end, status: r.Status, err: r.Err, late: late})
+					healthyMu.Unlock()
 					continue
 				}
 				switch r.Status {
@@ -181,6 +205,7 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 			require.NoError(t, err)
 		}
 	}
+	witness := watchMasters(t, []string{shards[0].Master, shards[2].Master})
 	admittedA, admittedS, degradedAdmitted := newTally(asyncKeys), newTally(syncKeys), newTally(syncKeys)
 	isHealthySync := map[string]bool{}
 	for _, k := range healthySync {
@@ -297,6 +322,7 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	}
 	close(stop)
 	wg.Wait()
+	witness.stop()
 	recA, recS := recovered(asyncNodes), recovered(syncNodes)
 	t.Logf("recovery after the kill: async pushes %v, synchronous decisions %v (failover %v)",
 		recA.Round(time.Millisecond), recS.Round(time.Millisecond), failover.Round(time.Millisecond))
@@ -312,15 +338,16 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	bound := 3*failover + 2*time.Second
 	assert.True(t, recA > 0 && recA <= bound, "async pushes to the failed shard recovered after %v, want within %v", recA, bound)
 	assert.True(t, recS > 0 && recS <= bound, "synchronous decisions on the failed shard recovered after %v, want within %v", recS, bound)
-	assert.Zero(t, healthyInDoubt.Load(), "synchronous requests on healthy shards were in doubt")
+	stalled := judgeHealthyTakes(t, healthyTakes, masterOf, witness, coverage == "no")
 	if coverage == "no" {
 		// Every degraded decision on a healthy shard is one the store
-		// refused because its request arrived after its deadline.
-		assert.Zero(t, healthyFailed.Load(), "synchronous requests on healthy shards failed other than by arriving late")
-		assert.LessOrEqual(t, degradedHealthy.Load(), healthyLate.Load(), "synchronous decisions on healthy shards were degraded beyond the requests that arrived late")
+		// refused because its request arrived after its deadline, or one
+		// that a stalled process excuses.
+		assert.LessOrEqual(t, degradedHealthy.Load(), healthyLate.Load()+stalled.excused,
+			"synchronous decisions on healthy shards were degraded beyond the requests that arrived late or that a stall excuses")
 	}
-	t.Logf("degraded synchronous decisions: %d on healthy shards (%d requests arrived after their deadline), %d on the killed shard; requests in doubt on the killed shard: %d",
-		degradedHealthy.Load(), healthyLate.Load(), degradedKilled.Load(), inDoubtTakes.Load())
+	t.Logf("degraded synchronous decisions: %d on healthy shards (%d requests arrived after their deadline, %d in doubt or failed while the process stalled), %d on the killed shard; requests in doubt on the killed shard: %d",
+		degradedHealthy.Load(), healthyLate.Load(), stalled.excused, degradedKilled.Load(), inDoubtTakes.Load())
 
 	read := newClient()
 	ids := hourIDs(start, end)
@@ -329,8 +356,10 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	}
 	reached := false
 	for _, k := range healthySync {
-		a := admittedS.get(k)
-		assert.Equal(t, a, stored(t, read, pfxS, k, ids), "synchronous key %q of a healthy shard", k)
+		a, s := admittedS.get(k), stored(t, read, pfxS, k, ids)
+		// A request in doubt may have run in the store and been decided
+		// again by the FailurePolicy: counted twice at most.
+		assert.True(t, s >= a && s-a <= stalled.inDoubt[k], "synchronous key %q of a healthy shard: admitted %d, stored %d, in doubt while the process stalled %d", k, a, s, stalled.inDoubt[k])
 		// Decisions the FailurePolicy made (CLUSTERDOWN, with full
 		// coverage required) are each node's own: they may pass the limit.
 		assert.LessOrEqual(t, a, limitBound(syncLimit, start, end)+degradedAdmitted.get(k), "synchronous key %q admitted over the limit", k)
@@ -361,4 +390,170 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 func lateTake(r *store.TakeRequest, end time.Time) bool {
 	return r.Status == store.Failed && errors.Is(r.Err, store.ErrUnavailable) &&
 		errors.Is(r.Err, store.ErrDeadline) && end.UnixMicro()+50_000 >= r.Deadline
+}
+
+// healthyTake is the outcome of a synchronous request on a healthy shard's
+// key, other than a refusal for arriving late.
+type healthyTake struct {
+	node       int
+	key        string
+	start, end time.Time
+	status     store.Status
+	err        error
+	late       bool // refused for arriving after its deadline
+}
+
+// masterWitness pings masters, each through a client of its own, one ping
+// at a time with 5 ms between them, and records when each answer
+// came: a master with no answer for a long time was not reached by any
+// client of this process, the machine holding the process or the server.
+type masterWitness struct {
+	mu      sync.Mutex
+	answers map[string][]time.Time
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func watchMasters(t *testing.T, addrs []string) *masterWitness {
+	w := &masterWitness{answers: map[string][]time.Time{}, done: make(chan struct{})}
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1, PoolSize: 1, ReadTimeout: 10 * time.Second})
+		t.Cleanup(func() { _ = c.Close() })
+		w.wg.Go(func() {
+			for {
+				select {
+				case <-w.done:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				if c.Ping(context.Background()).Err() == nil {
+					w.mu.Lock()
+					w.answers[a] = append(w.answers[a], time.Now())
+					w.mu.Unlock()
+				}
+			}
+		})
+	}
+	w.wg.Go(func() {
+		for {
+			select {
+			case <-w.done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			w.mu.Lock()
+			w.answers[""] = append(w.answers[""], time.Now())
+			w.mu.Unlock()
+		}
+	})
+	t.Cleanup(w.stop)
+	return w
+}
+
+func (w *masterWitness) stop() {
+	select {
+	case <-w.done:
+	default:
+		close(w.done)
+	}
+	w.wg.Wait()
+}
+
+// gap returns the longest time from from to to without an answer from
+// addr ("" for the process' own ticks).
+func (w *masterWitness) gap(addr string, from, to time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	last, longest := from, time.Duration(0)
+	for _, at := range w.answers[addr] {
+		if at.Before(from) {
+			continue
+		}
+		if at.After(to) {
+			break
+		}
+		longest = max(longest, at.Sub(last))
+		last = at
+	}
+	return max(longest, to.Sub(last))
+}
+
+// stallExcuse is what judgeHealthyTakes excused: requests (in doubt or
+// failed by a circuit that an excused one opened), and per key the
+// requests in doubt.
+type stallExcuse struct {
+	excused int64
+	inDoubt map[string]int64
+}
+
+// judgeHealthyTakes checks the synchronous requests on healthy shards that
+// were neither applied nor refused for arriving late. A request in doubt
+// is excused when the witness had no answer from its master for a quarter
+// of the StoreTimeout or longer while the call ran: the process or the
+// server was not running, dead shard or not. The circuit such a call opens fails
+// the node's next calls to that master until one succeeds: those are
+// excused with it. With strict (cluster-require-full-coverage no) any
+// other failure fails the test; without it, the CLUSTERDOWN refusals are
+// expected and only requests in doubt are judged.
+func judgeHealthyTakes(t *testing.T, takes []healthyTake, masterOf map[string]string, w *masterWitness, strict bool) stallExcuse {
+	t.Helper()
+	ex := stallExcuse{inDoubt: map[string]int64{}}
+	// Order each node's outcomes per master by when they took effect on
+	// its circuit: an answer when it came, a request in doubt once its
+	// call gave up, a call not sent when it started.
+	at := func(h healthyTake) time.Time {
+		switch {
+		case h.status == store.InDoubt:
+			return h.start.Add(faultTimeout)
+		case h.status == store.Failed && !h.late:
+			return h.start
+		}
+		return h.end
+	}
+	slices.SortStableFunc(takes, func(a, b healthyTake) int { return at(a).Compare(at(b)) })
+	type circuit struct {
+		node   int
+		master string
+	}
+	openByStall := map[circuit]bool{}
+	var bad int
+	fail := func(h healthyTake, why string) {
+		if bad++; bad <= 5 {
+			t.Errorf("synchronous request on healthy key %q (node %d, %v after its call started): %s: %v: %v", h.key, h.node, h.end.Sub(h.start).Round(time.Millisecond), why, h.status, h.err)
+		}
+	}
+	for _, h := range takes {
+		c := circuit{h.node, masterOf[h.key]}
+		switch {
+		case h.status == store.Applied || h.late: // the server answered
+			openByStall[c] = false
+		case h.status == store.InDoubt:
+			gaveUp := h.start.Add(faultTimeout)
+			if g := w.gap(c.master, h.start, gaveUp); g < faultTimeout/4 {
+				fail(h, fmt.Sprintf("in doubt while its master answered the witness (its longest silence during the call %v, the process' %v)",
+					g.Round(time.Millisecond), w.gap("", h.start, gaveUp).Round(time.Millisecond)))
+				continue
+			}
+			openByStall[c] = true
+			ex.excused++
+			ex.inDoubt[h.key]++
+		case notSent(h.err) && openByStall[c]:
+			ex.excused++
+		case strict:
+			fail(h, "failed other than by arriving late")
+		}
+	}
+	if bad > 5 {
+		t.Errorf("... %d such requests in all", bad)
+	}
+	if ex.excused > 0 {
+		t.Logf("requests on healthy shards excused by a stall of the process or its master: %d (in doubt %v)", ex.excused, ex.inDoubt)
+	}
+	return ex
+}
+
+// notSent reports whether err is the store's refusal to send a call to a
+// server whose circuit is open.
+func notSent(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "call not sent (circuit open)")
 }
