@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -136,6 +137,13 @@ func hourIDs(start, end time.Time) []int64 {
 // prefix, read through c.
 func stored(t *testing.T, c redis.Cmdable, prefix, key string, ids []int64) int64 {
 	t.Helper()
+	n, err := tryStored(c, prefix, key, ids)
+	require.NoError(t, err)
+	return n
+}
+
+// tryStored is stored, returning the first read's error.
+func tryStored(c redis.Cmdable, prefix, key string, ids []int64) (int64, error) {
 	var n int64
 	for _, id := range ids {
 		k := store.CounterKey(prefix, store.Counter{Key: key, Window: time.Hour.Milliseconds(), ID: id})
@@ -145,10 +153,12 @@ func stored(t *testing.T, c redis.Cmdable, prefix, key string, ids []int64) int6
 		if errors.Is(err, redis.Nil) {
 			continue
 		}
-		require.NoError(t, err, "GET %s", k)
+		if err != nil {
+			return 0, fmt.Errorf("GET %s: %w", k, err)
+		}
 		n += v
 	}
-	return n
+	return n, nil
 }
 
 // limitBound is the most a sliding rule of limit per hour admits for one
