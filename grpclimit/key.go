@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
@@ -61,8 +62,9 @@ type IPOptions struct {
 	// comma-separated list of addresses, each proxy appending the address
 	// it received the call from: default DefaultForwardedMetadata. An
 	// entry may carry a port, and an IPv6 address may be in brackets (see
-	// httplimit.ForwardedClient). Keys are case-insensitive. RFC 7239's forwarded, whose entries are not
-	// bare addresses, is refused.
+	// httplimit.ForwardedClient). Keys are case-insensitive. RFC 7239's
+	// forwarded, whose entries are not bare addresses, is refused, as are
+	// binary keys (ending in -bin) and the names Metadata refuses.
 	Metadata string
 	// IPv6Bits, if between 1 and 127, keys IPv6 clients on their
 	// /IPv6Bits network instead of their full address (64 keys a client's
@@ -93,14 +95,14 @@ func PeerIP(opts IPOptions) (KeyFunc, error) {
 	if name == "" {
 		name = DefaultForwardedMetadata
 	}
+	if why := keyProblem(name); why != "" {
+		return nil, fmt.Errorf("grpclimit: IPOptions.Metadata is %q: %s; want %s", opts.Metadata, why, wantKey)
+	}
 	if name == "forwarded" {
 		return nil, fmt.Errorf("grpclimit: IPOptions.Metadata is %q, want a key of bare addresses such as x-forwarded-for or x-real-ip (the RFC 7239 forwarded syntax is not parsed)", opts.Metadata)
 	}
 	if strings.HasSuffix(name, "-bin") {
 		return nil, fmt.Errorf("grpclimit: IPOptions.Metadata is %q, want a text key (not ending in -bin)", opts.Metadata)
-	}
-	if !isKey(name) {
-		return nil, fmt.Errorf("grpclimit: IPOptions.Metadata is %q, want a metadata key: letters, digits, '-', '_' and '.'", opts.Metadata)
 	}
 	bits := opts.IPv6Bits
 	return func(ctx context.Context, _ string) (string, error) {
@@ -154,13 +156,24 @@ func ipOf(addr net.Addr) (netip.Addr, bool) {
 //		return "anonymous", nil
 //	})
 //
-// Metadata returns an error if name is not a metadata key (non-empty
-// letters, digits, '-', '_' and '.'; or ":authority", the one
-// pseudo-header gRPC passes on as metadata), which no call could carry.
+// Metadata returns an error naming what is wrong if name is not a key
+// whose client value reaches a server handler: a metadata key is one or
+// more letters, digits, '-', '_' and '.', or ":authority", the one
+// pseudo-header gRPC passes on as metadata. Refused too are the names
+// beginning with "grpc-", which gRPC reserves for itself (a server drops
+// grpc-timeout, grpc-encoding, grpc-status, grpc-message and
+// grpc-message-type from a call's metadata, and the others it passes on,
+// such as grpc-accept-encoding and grpc-trace-bin, are set by gRPC for each
+// call, not by the application); "te", which gRPC drops; "host", which a
+// server passes on as ":authority"; "connection", whose calls a server
+// resets before any handler runs; and "content-type", which gRPC sets to
+// application/grpc whatever the client asks. "user-agent" is accepted: its
+// value is the client's own agent (grpc.WithUserAgent) followed by gRPC's
+// ("app/1.0 grpc-go/1.85.0").
 func Metadata(name string) (KeyFunc, error) {
 	key := strings.ToLower(name)
-	if !isKey(key) && key != ":authority" {
-		return nil, fmt.Errorf("grpclimit: Metadata(name=%q): want a metadata key: letters, digits, '-', '_' and '.', or :authority", name)
+	if why := keyProblem(key); why != "" && key != ":authority" {
+		return nil, fmt.Errorf("grpclimit: Metadata(name=%q): %s; want %s, or :authority", name, why, wantKey)
 	}
 	return func(ctx context.Context, _ string) (string, error) {
 		if v := metadata.ValueFromIncomingContext(ctx, key); len(v) > 0 && v[0] != "" {
@@ -170,18 +183,37 @@ func Metadata(name string) (KeyFunc, error) {
 	}, nil
 }
 
-// isKey reports whether s, in lower case, is a gRPC metadata key: one or
-// more of a-z, 0-9, '-', '_' and '.'.
-func isKey(s string) bool {
-	if s == "" {
-		return false
+// wantKey is what the errors of Metadata and PeerIP ask for.
+const wantKey = "a metadata key of letters, digits, '-', '_' and '.' (upper case is read as lower case) not beginning with grpc-"
+
+// keyProblem returns why s, in lower case, cannot be the key of metadata a
+// client sends to a server handler, or "" if it can. A pseudo-header
+// (":authority" included) is refused: the callers accept :authority
+// themselves where it makes sense.
+func keyProblem(s string) string {
+	switch {
+	case s == "":
+		return "it is empty"
+	case s[0] == ':':
+		return "gRPC passes on no pseudo-header but :authority"
+	case strings.HasPrefix(s, "grpc-"):
+		return "names beginning with grpc- are reserved by gRPC, which drops some from a call's metadata and sets the others itself"
+	case s == "te":
+		return "gRPC drops te from a call's metadata"
+	case s == "host":
+		return "gRPC servers pass host on as :authority (key on :authority)"
+	case s == "connection":
+		return "gRPC servers reset a call that carries connection"
+	case s == "content-type":
+		return "gRPC sets content-type itself (application/grpc), alike for every call"
 	}
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return false
+			r, _ := utf8.DecodeRuneInString(s[i:])
+			return fmt.Sprintf("%q (byte %d) is not allowed in a metadata key", r, i)
 		}
 	}
-	return true
+	return ""
 }
 
 // FullMethod returns a KeyFunc keying calls on their full method name

@@ -6,16 +6,20 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/grpclimit"
@@ -176,7 +180,7 @@ func TestPeerIPErrors(t *testing.T) {
 		{grpclimit.IPOptions{IPv6Bits: 128}, "grpclimit: IPOptions.IPv6Bits is 128, want 0 (full address) to 127"},
 		{grpclimit.IPOptions{IPv6Bits: -1}, "grpclimit: IPOptions.IPv6Bits is -1, want 0 (full address) to 127"},
 		{grpclimit.IPOptions{TrustedProxies: []netip.Prefix{{}}}, "grpclimit: IPOptions.TrustedProxies[0] is not a valid prefix"},
-		{grpclimit.IPOptions{Metadata: "x forwarded"}, `grpclimit: IPOptions.Metadata is "x forwarded", want a metadata key: letters, digits, '-', '_' and '.'`},
+		{grpclimit.IPOptions{Metadata: "x forwarded"}, `grpclimit: IPOptions.Metadata is "x forwarded": ' ' (byte 1) is not allowed in a metadata key; want a metadata key of letters, digits, '-', '_' and '.' (upper case is read as lower case) not beginning with grpc-`},
 		{grpclimit.IPOptions{Metadata: "x-fwd-bin"}, `grpclimit: IPOptions.Metadata is "x-fwd-bin", want a text key (not ending in -bin)`},
 		{grpclimit.IPOptions{Metadata: "Forwarded"}, `grpclimit: IPOptions.Metadata is "Forwarded", want a key of bare addresses such as x-forwarded-for or x-real-ip (the RFC 7239 forwarded syntax is not parsed)`},
 	} {
@@ -195,15 +199,9 @@ func TestPeerIPErrors(t *testing.T) {
 	assert.Equal(t, "203.0.113.9", got)
 }
 
-// TestMetadataName: Metadata refuses a key no call could carry (empty, or
-// outside gRPC's key syntax) when it is called, with an error naming the
-// argument, instead of a key function that fails every call.
+// TestMetadataName: Metadata accepts any case of a metadata key, binary
+// keys and :authority (TestMetadataReservedNames has the names it refuses).
 func TestMetadataName(t *testing.T) {
-	for _, name := range []string{"", " ", "x api key", "x-key:", "x-key\r\n", "ключ", "\x00", ":path", ":", "x/y"} {
-		k, err := grpclimit.Metadata(name)
-		assert.EqualError(t, err, fmt.Sprintf("grpclimit: Metadata(name=%q): want a metadata key: letters, digits, '-', '_' and '.', or :authority", name))
-		assert.Nil(t, k, "name %q", name)
-	}
 	for _, c := range []struct{ name, sent string }{
 		{"x-api-key", "x-api-key"},
 		{"X-API-Key", "x-api-key"},
@@ -224,4 +222,87 @@ func TestMetadataName(t *testing.T) {
 	cc, _ := serve(t, newInterceptor(t, l, key, grpclimit.Options{}))
 	require.NoError(t, say(t, cc).err)
 	assert.Regexp(t, `^127\.0\.0\.1:\d+$`, <-keys, "the server's address, as the client dialled it")
+}
+
+// TestMetadataReservedNames: Metadata and IPOptions.Metadata refuse the
+// names a server handler never sees a client's value for. Behind a real
+// server, gRPC drops grpc-timeout, grpc-encoding, te and host from a call's
+// metadata, sets content-type itself, and resets a
+// call carrying connection before any handler runs; user-agent reaches the
+// handler, the client's own agent first, and stays accepted.
+func TestMetadataReservedNames(t *testing.T) {
+	const want = "want a metadata key of letters, digits, '-', '_' and '.' (upper case is read as lower case) not beginning with grpc-, or :authority"
+	for _, c := range []struct{ name, why string }{
+		{"grpc-timeout", `names beginning with grpc- are reserved by gRPC, which drops some from a call's metadata and sets the others itself`},
+		{"GRPC-Accept-Encoding", `names beginning with grpc- are reserved by gRPC, which drops some from a call's metadata and sets the others itself`},
+		{"grpc-trace-bin", `names beginning with grpc- are reserved by gRPC, which drops some from a call's metadata and sets the others itself`},
+		{"grpc-", `names beginning with grpc- are reserved by gRPC, which drops some from a call's metadata and sets the others itself`},
+		{"te", `gRPC drops te from a call's metadata`},
+		{"Host", `gRPC servers pass host on as :authority (key on :authority)`},
+		{"connection", `gRPC servers reset a call that carries connection`},
+		{"content-type", `gRPC sets content-type itself (application/grpc), alike for every call`},
+		{":path", `gRPC passes on no pseudo-header but :authority`},
+		{":", `gRPC passes on no pseudo-header but :authority`},
+		{"", `it is empty`},
+		{" ", `' ' (byte 0) is not allowed in a metadata key`},
+		{"x api key", `' ' (byte 1) is not allowed in a metadata key`},
+		{"x-key:", `':' (byte 5) is not allowed in a metadata key`},
+		{"\x00", `'\x00' (byte 0) is not allowed in a metadata key`},
+		{"x-key\r\n", `'\r' (byte 5) is not allowed in a metadata key`},
+		{"ключ", `'к' (byte 0) is not allowed in a metadata key`},
+		{"x/y", `'/' (byte 1) is not allowed in a metadata key`},
+	} {
+		k, err := grpclimit.Metadata(c.name)
+		assert.EqualError(t, err, fmt.Sprintf("grpclimit: Metadata(name=%q): %s; %s", c.name, c.why, want))
+		assert.Nil(t, k, "name %q", c.name)
+		if c.name == ":authority" || c.name == "" || c.name[0] == ':' {
+			continue
+		}
+		_, err = grpclimit.PeerIP(grpclimit.IPOptions{Metadata: c.name})
+		assert.EqualError(t, err, fmt.Sprintf("grpclimit: IPOptions.Metadata is %q: %s; want a metadata key of letters, digits, '-', '_' and '.' (upper case is read as lower case) not beginning with grpc-", c.name, c.why), "name %q", c.name)
+	}
+
+	// What a handler gets of a call that sends every such name, with a
+	// deadline (grpc-timeout on the wire) and a user agent.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	seen := make(chan metadata.MD, 1)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		seen <- md
+		return h(ctx, req)
+	}))
+	srv.RegisterService(&echoDesc, &echo{})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUserAgent("app/1.0"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sent := metadata.AppendToOutgoingContext(ctx, "grpc-timeout", "1S", "grpc-encoding", "gzip", "te", "x", "host", "h",
+		"content-type", "text/plain", "user-agent", "u", "x-api-key", "k1")
+	require.NoError(t, cc.Invoke(sent, methodSay, wrapperspb.String("hi"), new(wrapperspb.StringValue)))
+	md := <-seen
+	for _, name := range []string{"grpc-timeout", "grpc-encoding", "te", "host"} {
+		assert.Empty(t, md.Get(name), name)
+	}
+	assert.Equal(t, []string{"application/grpc"}, md.Get("content-type"))
+	assert.Equal(t, []string{"k1"}, md.Get("x-api-key"))
+	require.Len(t, md.Get("user-agent"), 1)
+	assert.True(t, strings.HasPrefix(md.Get("user-agent")[0], "app/1.0 grpc-go/"), md.Get("user-agent")[0])
+	err = cc.Invoke(metadata.AppendToOutgoingContext(ctx, "connection", "close"), methodSay, wrapperspb.String("hi"), new(wrapperspb.StringValue))
+	assert.Equal(t, codes.Internal, status.Code(err), "reset: %v", err)
+	assert.Empty(t, seen, "the handler did not run")
+
+	// Through the interceptor, Metadata("user-agent") keys on the client's
+	// agent.
+	l, _ := newLimiter(t, hybridlimit.Rule{Limit: 10, Window: time.Minute})
+	key, keys := recorder(metadataKey(t, "User-Agent"))
+	plain, _ := serve(t, newInterceptor(t, l, key, grpclimit.Options{}))
+	ua, err := grpc.NewClient(plain.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUserAgent("app/1.0"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ua.Close() })
+	require.NoError(t, say(t, ua).err)
+	assert.Regexp(t, `^app/1\.0 grpc-go/\S+$`, <-keys)
 }
