@@ -5,7 +5,8 @@
 // response metadata, with the same fields and values as package httplimit's
 // HTTP headers.
 //
-//	key, _ := grpclimit.PeerIP(grpclimit.IPOptions{})
+//	key, err := grpclimit.PeerIP(grpclimit.IPOptions{})
+//	if err != nil { ... }
 //	lim, err := grpclimit.New(limiter, key, grpclimit.Options{})
 //	if err != nil { ... }
 //	srv := grpc.NewServer(

@@ -16,10 +16,11 @@
 // the limiter's FailurePolicy decides while its store fails; a store error
 // never becomes a 500.
 //
-//	key, _ := httplimit.ClientIP(httplimit.IPOptions{})
+//	key, err := httplimit.ClientIP(httplimit.IPOptions{})
+//	if err != nil { ... }
 //	mw, err := httplimit.New(limiter, key, httplimit.Options{})
 //	if err != nil { ... }
-//	http.ListenAndServe(":8080", mw.Wrap(mux))
+//	log.Fatal(http.ListenAndServe(":8080", mw.Wrap(mux)))
 package httplimit
 
 import (
