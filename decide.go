@@ -268,7 +268,9 @@ type RuleState struct {
 // that rule now, the node's share included: the least Remaining of the
 // rules is the largest cost PeekN admits, and right after a decision,
 // with no other decision on key in between, its rule's state has the
-// decision's Remaining. Use it to fill per-rule response headers after a
+// decision's Remaining (but at instants where a sliding estimate lies
+// within rounding of its 1e-9 slack, where the decision's can be one off:
+// see docs/design.md). Use it to fill per-rule response headers after a
 // decision. It allocates when dst lacks room, and once per Bucketed rule
 // (a copy of its buckets' counts); otherwise nothing.
 func (l *Limiter) State(ctx context.Context, key string, dst []RuleState) ([]RuleState, error) {

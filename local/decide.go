@@ -146,12 +146,17 @@ func (t *Table) decide(e *Entry, n, now int64) (Decision, outcome) {
 // negative, is what the share policy still admits.
 func (d *Decision) fold(r *Rule, i int, c *Counts, n, shareRem int64) {
 	var rem, reset, delay int64
-	if r.kind == Buckets && c.Buckets == nil {
+	switch {
+	case r.kind == Buckets && c.Buckets == nil:
 		// A running sum (counts): Cur is the window's total after the
 		// request, which the current bucket holds some of, so the rule is
 		// back to its full limit when that bucket leaves the window.
 		rem, reset = max(r.limit-c.Cur, 0), r.span*r.w-c.Elapsed
-	} else {
+	case r.kind == Sliding || r.kind == Fixed:
+		// remaining, as Allow1 reports it, not level: Allow1 and Allow
+		// give the same Remaining.
+		rem, reset = r.remaining(r.estimate(c.Prev, c.Cur, c.Elapsed)), r.resetAfter(c.Prev, c.Cur, c.Elapsed)
+	default:
 		rem, _, reset, delay = r.describe(c, n, true, 1)
 	}
 	if shareRem >= 0 {
@@ -272,7 +277,7 @@ func (t *Table) counts(e *Entry, i int, w word, win, el, now, n int64, buf []int
 		ok := r.bucketSum(b)+n <= r.limit
 		if ok && t.share {
 			if room, applies := t.bucketShareRoomOf(e, i, b, win); applies {
-				return Counts{Buckets: b, Elapsed: el}, float64(n) <= room+Epsilon, int64(max(room, 0))
+				return Counts{Buckets: b, Elapsed: el}, float64(n) <= room+Epsilon, shareLeft(room)
 			}
 		}
 		return Counts{Buckets: b, Elapsed: el}, ok, -1
@@ -287,7 +292,7 @@ func (t *Table) counts(e *Entry, i int, w word, win, el, now, n int64, buf []int
 	ok := r.admitsWindow(prev, cur, el, n)
 	if ok && t.share {
 		if _, room, applies := t.shareRoomOf(e, i, prev, cur, win, el); applies {
-			return cts, float64(n) <= room+Epsilon, int64(max(room, 0))
+			return cts, float64(n) <= room+Epsilon, shareLeft(room)
 		}
 	}
 	return cts, ok, -1

@@ -92,7 +92,7 @@ func (t *Table) allowShare(e *Entry, n, now int64) (rule int, remaining, resetAf
 		if float64(n) > room+Epsilon {
 			return -1, 0, 0
 		}
-		remaining = min(remaining, int64(max(room-float64(n), 0)))
+		remaining = min(remaining, shareLeft(room-float64(n)))
 	}
 	if !c.word.CompareAndSwap(uint64(w), uint64(w.plus(n))) {
 		return -1, 0, 0
@@ -219,7 +219,7 @@ func (t *Table) shareFits(e *Entry, i int, prev, cur, win, el int64, fn float64,
 		if fn > room+Epsilon {
 			return false
 		}
-		*rem = int64(max(room-fn, 0))
+		*rem = shareLeft(room - fn)
 	}
 	return true
 }

@@ -290,6 +290,12 @@ func (r *Rule) shareRetry(v snapValues, room float64, prev, el, n int64) int64 {
 	return max(d, 1000)
 }
 
+// shareLeft returns the largest whole cost n that a share with room
+// admits (n ≤ room + Epsilon, as decisions test it), 0 when there is none.
+func shareLeft(room float64) int64 {
+	return int64(max(room+Epsilon, 0))
+}
+
 // shareRoomOf returns the share policy's room for rule i of e, as
 // shareRoom, reading the counter's snapshot.
 func (t *Table) shareRoomOf(e *Entry, i int, prev, cur, win, el int64) (snapValues, float64, bool) {

@@ -34,7 +34,7 @@ func (t *Table) decide1(e *Entry, n, now int64) (Decision, outcome) {
 		if ok && t.share {
 			if _, room, applies := t.shareRoomOf(e, 0, prev, cur, win, el); applies {
 				ok = float64(n) <= room+Epsilon
-				rem = min(rem, int64(max(room-float64(n), 0)))
+				rem = min(rem, shareLeft(room-float64(n)))
 			}
 		}
 		if !ok {
@@ -125,7 +125,7 @@ func (t *Table) denied(e *Entry, n, now int64) Decision {
 		// What the rule admits: the plain rule's Remaining, at most its
 		// share's room, as State reports it.
 		rem, _ := t.rules[i].Level(v[i])
-		d.Remaining = min(rem, int64(max(rooms[i], 0)))
+		d.Remaining = min(rem, shareLeft(rooms[i]))
 	}
 	return d
 }
@@ -243,7 +243,7 @@ func (t *Table) peekShare(e *Entry, v []Counts, n, now int64) Decision {
 			if float64(n) > room+Epsilon {
 				return t.denied(e, n, now)
 			}
-			rem = min(rem, int64(max(room, 0)))
+			rem = min(rem, shareLeft(room))
 		}
 		d.Delay = max(d.Delay, delay)
 		if rem < d.Remaining {
@@ -291,7 +291,7 @@ func (t *Table) Levels(key string, now int64, dst []Level) {
 		rem, reset := t.rules[i].Level(v[i])
 		if t.share && e != nil {
 			if room, applies := t.shareRoomAt(e, i, &v[i], now); applies {
-				rem = min(rem, int64(max(room, 0)))
+				rem = min(rem, shareLeft(room))
 			}
 		}
 		dst[i] = Level{Remaining: rem, ResetAfter: reset}

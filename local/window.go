@@ -59,7 +59,9 @@ func (r *Rule) admitsWindow(prev, cur, elapsed, n int64) bool {
 }
 
 // remaining returns the whole requests of cost 1 still admitted when the
-// estimate is est.
+// estimate is est: the floor of limit − est + Epsilon. It is what a
+// decision reports after its request, at the least cost; level is the
+// exact answer, which it is but where they round apart.
 func (r *Rule) remaining(est float64) int64 {
 	left := r.limitF - est + Epsilon
 	if left < 0 {
@@ -74,6 +76,23 @@ func (r *Rule) remaining(est float64) int64 {
 // which truncates towards zero, gives remaining's 0 without the test.
 func (r *Rule) remainingAdmitted(est float64) int64 {
 	return int64(r.limitF - est + Epsilon)
+}
+
+// level returns the largest whole cost admitted when the estimate is est:
+// the largest k with admits(est, k), 0 when there is none. remaining is
+// within one of it: the floor of limit − est + Epsilon and the test est +
+// k ≤ limit + Epsilon round apart where est lies within a rounding error
+// of a whole count plus Epsilon (one request of the previous window
+// weighs 1e-9 a nanosecond before a one-second window ends).
+func (r *Rule) level(est float64) int64 {
+	k := r.remaining(est)
+	if est+float64(k+1) <= r.limitE {
+		return k + 1
+	}
+	if k > 0 && !r.admits(est, k) {
+		return k - 1
+	}
+	return k
 }
 
 // retryAfter returns how long from elapsed into the current window until a
@@ -248,7 +267,7 @@ func (r *Rule) describe(c *Counts, n int64, allowed bool, unit int64) (remaining
 		}
 	default:
 		est := r.estimate(c.Prev, c.Cur, c.Elapsed)
-		remaining, reset = r.remaining(est), r.resetAfter(c.Prev, c.Cur, c.Elapsed)
+		remaining, reset = r.level(est), r.resetAfter(c.Prev, c.Cur, c.Elapsed)
 		if !allowed {
 			retry = r.retryAfter(c.Prev, c.Cur, c.Elapsed, n, unit)
 		}
