@@ -89,6 +89,13 @@ func (b *breaker) done(node string, sent time.Time, ok bool) {
 	c.until = now.Add(min(d, b.max))
 }
 
+// forget drops node's circuit: no call goes to node any more.
+func (b *breaker) forget(node string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.nodes, node)
+}
+
 // abandon records that a call to node ended without telling anything
 // about the server (the caller canceled it): if it was the probe, the
 // next call probes.

@@ -55,13 +55,19 @@ type Redis struct {
 	calls atomic.Uint64
 
 	// With a Redis Cluster client, the route (Router) of each hash slot:
-	// 1 + the index in routeIdx of the master the client's slot map last
-	// named for it, 0 while unknown. learnt is set once the client has a
-	// slot map, which Route then reads without I/O.
-	routeOf  []atomic.Uint32
-	routeMu  sync.Mutex
-	routeIdx map[string]uint32
-	learnt   atomic.Bool
+	// the route number of the master the client's slot map last named for
+	// it, 0 while unknown. learnt is set once the client has a slot map,
+	// which Route then reads without I/O. A master's number is the least
+	// one free when it first serves a slot, and is freed, with the
+	// master's circuit, when it serves none: the numbers in use are as
+	// many as the masters serving slots (one more while a master takes
+	// over another's slots), whatever the addresses seen before.
+	routeOf    []atomic.Uint32
+	routeMu    sync.Mutex
+	routeIdx   map[string]uint32 // the number of each master serving slots
+	routeSlots []int             // slots per number (index 0 unused)
+	routeAddr  []string          // the master of each number in use
+	learnt     atomic.Bool
 }
 
 // RedisOptions configures NewRedis. The zero value selects the defaults.
@@ -139,6 +145,7 @@ func NewRedis(c redis.UniversalClient, o RedisOptions) (*Redis, error) {
 	if s.cluster != nil {
 		s.routeOf = make([]atomic.Uint32, Slots)
 		s.routeIdx = map[string]uint32{}
+		s.routeSlots, s.routeAddr = make([]int, 1), make([]string, 1)
 	}
 	if o.BreakerMin > 0 {
 		s.breaker = newBreaker(o.BreakerMin, o.BreakerMax)
@@ -249,10 +256,13 @@ func (s *Redis) server(ctx context.Context, g int) string {
 }
 
 // Route implements Router: with a Redis Cluster client, the route of a
-// key is the master its hash slot had in the client's slot map at the last
-// call for the slot, or, for a slot no call went to yet, the master the
-// slot map names now (1 and up); with any other client, or before the
-// client read its slot map, 0. It sends nothing itself (reading the slot
+// key is the number of the master its hash slot had in the client's slot
+// map at the last call for the slot, or, for a slot no call went to yet,
+// of the master the slot map names now: 1 and up, the least free when
+// the master first serves a slot, and freed when it serves none, so that
+// the numbers stay as many as the masters (one more while a master takes
+// over another's slots); with any other client, or before the client read
+// its slot map, 0. It sends nothing itself (reading the slot
 // map may start go-redis' own background reload of it, as any call does).
 func (s *Redis) Route(prefix, key string) int {
 	if s.routeOf == nil {
@@ -272,15 +282,50 @@ func (s *Redis) noteRoute(g int, addr string) {
 	s.routeMu.Lock()
 	r, ok := s.routeIdx[addr]
 	if !ok {
-		r = uint32(len(s.routeIdx)) + 1
-		s.routeIdx[addr] = r
+		r = s.newRoute(addr)
+	}
+	if old := s.routeOf[g].Load(); old != r {
+		s.routeOf[g].Store(r)
+		s.routeSlots[r]++
+		if old != 0 {
+			s.dropSlot(old)
+		}
 	}
 	s.routeMu.Unlock()
-	if s.routeOf[g].Load() != r {
-		s.routeOf[g].Store(r)
-	}
 	if !s.learnt.Load() {
 		s.learnt.Store(true)
+	}
+}
+
+// newRoute gives addr the least route number not in use and returns it.
+// Call with routeMu held.
+func (s *Redis) newRoute(addr string) uint32 {
+	r := 1
+	for r < len(s.routeSlots) && s.routeAddr[r] != "" {
+		r++
+	}
+	if r == len(s.routeSlots) {
+		s.routeSlots = append(s.routeSlots, 0)
+		s.routeAddr = append(s.routeAddr, "")
+	}
+	s.routeAddr[r] = addr
+	s.routeIdx[addr] = uint32(r)
+	return uint32(r)
+}
+
+// dropSlot records that route r serves one slot less: when it serves none,
+// its number is freed and its master's circuit forgotten (the slot map no
+// longer names the master; if it names it again, it starts afresh). Call
+// with routeMu held.
+func (s *Redis) dropSlot(r uint32) {
+	if s.routeSlots[r]--; s.routeSlots[r] > 0 {
+		return
+	}
+	addr := s.routeAddr[r]
+	delete(s.routeIdx, addr)
+	s.routeAddr[r] = ""
+	if s.breaker != nil {
+		s.breaker.forget(addr)
 	}
 }
 
