@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261124144346-86aca1be566a
+	github.com/hybridlimit/hybridlimit v0.0.0-20261124153922-e38cb8d88abd
 	github.com/stretchr/testify v1.12.1
 )
 
