@@ -102,7 +102,6 @@ func TestSynchronousLoneDecisionIsSentAtOnce(t *testing.T) {
 // holds as many decisions as it carries.
 func TestSynchronousBurstSharesRoundTrips(t *testing.T) {
 	l, g := newGated(t)
-	holdFor(l, 0) // a queue short of its target leaves at once
 	var wg sync.WaitGroup
 	decide := func(n int) {
 		for range n {
@@ -145,7 +144,7 @@ func TestSynchronousBurstSharesRoundTrips(t *testing.T) {
 	queued(t, l, 2)
 	g.quiet(t, "2 decisions queued beside a round trip of 8")
 	g.release <- struct{}{}
-	require.Equal(t, 2, g.enters(t), "the end of the last round trip on its way sends what is queued, short of its target (7)")
+	require.Equal(t, 2, g.enters(t), "the end of the last round trip on its way sends what is queued")
 	g.release <- struct{}{}
 	wg.Wait()
 	g.quiet(t, "every decision was decided")
@@ -238,103 +237,4 @@ func TestSynchronousQueueAtTheBatchSize(t *testing.T) {
 			assert.Equal(t, uint64(n+2), l.Stats().Allowed)
 		})
 	}
-}
-
-// holdFor makes l's queues wait d for their target after a round trip.
-func holdFor(l *Limiter, d time.Duration) {
-	l.sync.one.mu.Lock()
-	l.sync.wait = func(time.Duration) time.Duration { return d }
-	l.sync.one.mu.Unlock()
-}
-
-// ended ends a round trip of n decisions on l's queue, as send does.
-func ended(l *Limiter, n int, answered bool) int {
-	s := &l.sync.one
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.hold(n, time.Millisecond, answered)
-	return s.target
-}
-
-// With no round trip on its way, the queue waits until it holds three
-// quarters of the decisions the last round trip answered, for the callers
-// that loop and decide again.
-func TestSynchronousQueueWaitsForAnsweredCallers(t *testing.T) {
-	l, g := newGated(t)
-	holdFor(l, time.Hour)
-	require.Equal(t, 6, ended(l, 8, true))
-	var wg sync.WaitGroup
-	decide := func(n int) {
-		for range n {
-			wg.Go(func() {
-				res, err := l.Allow(context.Background(), "k")
-				assert.NoError(t, err)
-				assert.True(t, res.Allowed)
-				assert.False(t, res.Degraded)
-			})
-		}
-	}
-	decide(1)
-	queued(t, l, 1)
-	g.quiet(t, "1 decision queued, target 6")
-	decide(4)
-	queued(t, l, 5)
-	g.quiet(t, "5 decisions queued, target 6")
-	decide(1)
-	require.Equal(t, 6, g.enters(t), "the sixth sends the queue")
-	g.release <- struct{}{}
-	wg.Wait()
-	// The round trip of 6 set a target of 4: the queue waits again.
-	decide(3)
-	queued(t, l, 3)
-	g.quiet(t, "3 decisions queued, target 4")
-	decide(1)
-	require.Equal(t, 4, g.enters(t))
-	g.release <- struct{}{}
-	wg.Wait()
-	assert.Equal(t, uint64(2), l.sync.calls.Load(), "10 decisions in 2 round trips")
-}
-
-// A queue short of its target leaves at the timer, and the round trips
-// after that set no target: callers that do not come back wait at most
-// once in skipMissed+1 round trips.
-func TestSynchronousQueueShortOfTargetLeaves(t *testing.T) {
-	l, g := newGated(t)
-	holdFor(l, 0)
-	require.Equal(t, 6, ended(l, 8, true))
-	lone := func(i int) {
-		t.Helper()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			res, err := l.Allow(context.Background(), "k")
-			assert.NoError(t, err)
-			assert.False(t, res.Degraded)
-		}()
-		require.Equal(t, 1, g.enters(t), "decision %d", i)
-		g.release <- struct{}{}
-		<-done
-	}
-	lone(0) // short of 6: leaves at the timer; its end is the first skipped
-	holdFor(l, time.Hour)
-	for i := range skipMissed - 1 {
-		require.Equal(t, 0, ended(l, 8, true), "round trip end %d after the miss", i+2)
-	}
-	require.Equal(t, 6, ended(l, 8, true), "the round trip ends after them set targets again")
-	require.Equal(t, 0, ended(l, 1, true), "a lone decision's sets none")
-	lone(1)
-}
-
-// A round trip the store did not answer in full sets no target, and does
-// not change the wait: the queue behind a failing or hung store leaves at
-// once, as before.
-func TestSynchronousFailedRoundTripSetsNoTarget(t *testing.T) {
-	l, _ := newGated(t)
-	require.Equal(t, 6, ended(l, 8, true))
-	require.Equal(t, 0, ended(l, 8, false))
-	s := &l.sync.one
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.hold(8, time.Hour, false)
-	assert.Equal(t, time.Millisecond, s.rtt, "the failed round trip's time is not kept")
 }

@@ -17,12 +17,9 @@ import (
 // them all next. At most maxInFlight batches are on their way at once, and
 // a second one leaves only once the queue holds as many decisions as the
 // one on its way (a lone decision beside a lone one): a batch's end hands
-// the queue on when the queue is as large as the other batch on its way,
-// or, with none on its way, once the queue holds three quarters of the
-// decisions the batch answered and of those queued behind it, or half a
-// round trip after its end (route.hold). Under load a round trip then
-// carries more decisions; a lone decision, and a decision that finds no
-// batch on its way and no target set, leaves at once.
+// the queue on when no other batch is on its way, or when the queue is as
+// large as the other one. Under load a round trip then carries more
+// decisions, and a decision that finds no batch on its way leaves at once.
 // With a store that is a store.Router (the Redis store on a Redis
 // Cluster), each route (master) has its own queue and batches, so that a
 // master that hangs holds only the decisions on its own keys.
@@ -50,9 +47,6 @@ type synchronous struct {
 	timeout time.Duration
 	router  store.Router // nil: one queue
 	calls   atomic.Uint64
-	// wait is how long a queue waits for its target after a round trip
-	// of rtt; tests change it under the route's mutex.
-	wait func(rtt time.Duration) time.Duration
 
 	one    route                            // the queue without a Router
 	routes [maxRoutes]atomic.Pointer[route] // with one, made on first use
@@ -69,14 +63,6 @@ type route struct {
 	inflight int // batches on their way
 	flying   int // calls in the batches on their way
 	free     []*batch
-	// With no batch on its way, the queue waits for target calls, or for
-	// the timer (half the last answered round trip's time), before it
-	// leaves: see hold.
-	target int
-	rtt    time.Duration // the last answered round trip's time
-	skip   int           // round trip ends that set no target, after a missed one
-	armed  bool          // the timer is set
-	timer  *time.Timer
 }
 
 // call is one synchronous decision waiting for the store.
@@ -97,7 +83,7 @@ type batch struct {
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan bool, 1)} }}
 
 func newSynchronous(l *Limiter) *synchronous {
-	s := &synchronous{l: l, timeout: l.cfg.StoreTimeout, wait: func(rtt time.Duration) time.Duration { return rtt / 2 }}
+	s := &synchronous{l: l, timeout: l.cfg.StoreTimeout}
 	s.one.s = s
 	s.router, _ = l.cfg.Store.(store.Router)
 	return s
@@ -185,10 +171,7 @@ func (s *synchronous) decide(ctx context.Context, t *tier, key string, n int64, 
 func (s *route) do(c *call) {
 	s.mu.Lock()
 	s.queue = append(s.queue, c)
-	if s.inflight >= maxInFlight || s.inflight > 0 && len(s.queue) < s.flying || s.inflight == 0 && len(s.queue) < s.target {
-		if s.inflight == 0 {
-			s.arm()
-		}
+	if s.inflight >= maxInFlight || s.inflight > 0 && len(s.queue) < s.flying {
 		s.mu.Unlock()
 		if !<-c.done {
 			return
@@ -197,7 +180,6 @@ func (s *route) do(c *call) {
 		return
 	}
 	s.inflight++
-	s.disarm()
 	batch := s.next()
 	s.mu.Unlock()
 	s.send(c, batch)
@@ -243,23 +225,12 @@ func (s *route) send(c *call, b *batch) {
 	b.reqs = reqs
 	ctx, cancel := context.WithTimeout(context.Background(), sy.timeout)
 	sy.calls.Add(1)
-	start := time.Now()
 	err := sy.l.cfg.Store.Take(ctx, reqs)
-	rtt := time.Since(start)
 	if err == nil {
 		err = ctx.Err()
 	}
 	cancel()
-	// The calls queued behind this batch, before the ones it answers
-	// queue again: the target counts each once.
-	s.mu.Lock()
-	waiting := len(s.queue)
-	s.mu.Unlock()
-	answered := true
 	for _, x := range batch {
-		if x.req.Status != store.Applied {
-			answered = false
-		}
 		if x.req.Status == store.NotSent { // a store that only returned an error
 			x.req.Status, x.req.Err = store.InDoubt, err
 			if x.req.Err == nil {
@@ -273,95 +244,15 @@ func (s *route) send(c *call, b *batch) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.flying -= len(batch)
-	s.hold(len(batch)+waiting, rtt, answered)
 	// The calls woken above may be deciding again already, in other
 	// batches: forget them.
 	clear(b.calls)
 	clear(b.reqs)
 	s.free = append(s.free, b)
-	if len(s.queue) == 0 || s.inflight > 1 && len(s.queue) < s.flying || s.inflight == 1 && len(s.queue) < s.target {
+	if len(s.queue) == 0 || s.inflight > 1 && len(s.queue) < s.flying {
 		s.inflight--
-		if s.inflight == 0 && len(s.queue) > 0 {
-			s.arm()
-		}
 		return
 	}
-	next := s.next()
-	next.calls[0].batch = next
-	next.calls[0].done <- true
-}
-
-// hold sets the queue's target at the end of a round trip that took rtt,
-// from n, the calls it answered and those queued behind it when it
-// ended. Call with s.mu held.
-//
-// Callers that decide in a loop come back soon after their answer; a
-// queue sent as soon as a round trip ends, before they have joined it,
-// splits them into two half-full round trips (one per slot), each paying
-// its system calls and wake-ups. So with no other batch on its way the
-// queue waits until it holds three quarters of n, or until half the last
-// answered round trip's time has passed. A lone caller deciding in a loop
-// still sends at once (a target of 0). Callers that do not come back
-// (requests that arrive on their own) miss the target: the queue then
-// leaves at the timer, and the next skipMissed round trip ends set no
-// target, so that such requests wait at most once in skipMissed+1 round
-// trips. A round trip the store did not answer in full sets no target: a
-// failing or hung store adds no wait.
-func (s *route) hold(n int, rtt time.Duration, answered bool) {
-	s.target = 0
-	if !answered {
-		return
-	}
-	s.rtt = rtt
-	if s.skip > 0 {
-		s.skip--
-		return
-	}
-	s.target = n * 3 / 4
-}
-
-// skipMissed is how many round trip ends set no target after the queue
-// left at the timer, short of its target.
-const skipMissed = 8
-
-// arm sets the timer that sends the queue if it does not reach its target
-// first. Call with s.mu held.
-func (s *route) arm() {
-	if s.armed {
-		return
-	}
-	s.armed = true
-	d := s.s.wait(s.rtt)
-	if s.timer == nil {
-		s.timer = time.AfterFunc(d, s.fire)
-		return
-	}
-	s.timer.Reset(d)
-}
-
-// disarm stops the timer. Call with s.mu held.
-func (s *route) disarm() {
-	if s.armed {
-		s.armed = false
-		s.timer.Stop()
-	}
-}
-
-// fire sends the queue when no batch is on its way. A firing that comes
-// late, after the timer was stopped or set again, at worst sends the queue
-// before its target.
-func (s *route) fire() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.armed = false
-	if len(s.queue) == 0 || s.inflight > 0 {
-		return
-	}
-	if len(s.queue) < s.target {
-		s.skip = skipMissed
-	}
-	s.target = 0
-	s.inflight++
 	next := s.next()
 	next.calls[0].batch = next
 	next.calls[0].done <- true
