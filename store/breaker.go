@@ -32,18 +32,11 @@ func newBreaker(minBackoff, maxBackoff time.Duration) *breaker {
 	return &breaker{min: minBackoff, max: maxBackoff, now: time.Now, nodes: map[string]*circuit{}}
 }
 
-// allow reports whether a call to node may be sent now. A true answer
-// after the backoff makes the call the circuit's probe: report its outcome
-// with done.
-func (b *breaker) allow(node string) bool {
-	_, ok := b.allowAt(node)
-	return ok
-}
-
-// allowAt is allow, also returning, for a probe, when it was allowed (zero
-// otherwise): the probe's outcome is reported with a sent time no earlier
-// than that, since a call sent before the circuit opened changes nothing
-// (see done) and a probe's failure must hand the turn on.
+// allowAt reports whether a call to node may be sent now, and for the
+// circuit's probe (a true answer after the backoff) when it was allowed
+// (zero otherwise). Report the probe's outcome with done, with a sent
+// time no earlier than that: a call sent before the circuit opened changes
+// nothing (see done), and a probe's failure must hand the turn on.
 func (b *breaker) allowAt(node string) (time.Time, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -45,3 +45,10 @@ func TestBreakerCountsOneFailurePerOpening(t *testing.T) {
 		assert.True(t, b.allow("a"), "closed")
 	}
 }
+
+// allow reports whether a call to node may be sent now (allowAt without
+// the probe's time).
+func (b *breaker) allow(node string) bool {
+	_, ok := b.allowAt(node)
+	return ok
+}

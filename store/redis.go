@@ -366,7 +366,7 @@ func (s *sentAt) note(addr string, at time.Time) {
 }
 
 // of returns when the lane's call to addr was sent.
-func (s *sentAt) of(addr string) time.Time {
+func (s sentAt) of(addr string) time.Time {
 	if at, ok := s.probes[addr]; ok && at.After(s.start) {
 		return at
 	}
@@ -415,7 +415,7 @@ func (s *Redis) merge(outcome map[string]error, addr string, err error) {
 
 // reportAll reports to the breaker, once per server, the outcome of a
 // lane's pipeline.
-func (s *Redis) reportAll(ctx context.Context, outcome map[string]error, sent *sentAt) {
+func (s *Redis) reportAll(ctx context.Context, outcome map[string]error, sent sentAt) {
 	for addr, err := range outcome {
 		s.report(ctx, addr, sent.of(addr), err)
 	}

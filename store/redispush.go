@@ -22,7 +22,8 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 	}
 	addrs := make([]string, len(batches)) // by batch: each lane writes its own
 	s.lanes(len(batches), func(i int) int { return batches[i].Group % s.o.Lanes }, func(items []int) {
-		sent := &sentAt{start: s.now()}
+		var sent sentAt
+		sent.start = s.now()
 		var send []int
 		// One breaker decision per server and call: a circuit that opens or
 		// half-opens during the call must not refuse an older batch of a
@@ -34,7 +35,7 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 			ok, seen := allowed[b.Group]
 			addr := ""
 			if !seen {
-				addr, ok = s.allow(ctx, b.Group, sent)
+				addr, ok = s.allow(ctx, b.Group, &sent)
 				allowed[b.Group] = ok
 			} else if ok {
 				addr = s.server(ctx, b.Group)
@@ -46,8 +47,9 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 			addrs[i] = addr
 			send = append(send, i)
 		}
+		at := sent // a copy the closure captures by value: sent would move to the heap
 		s.perServer(send, addrs, func(send []int) {
-			s.pushCalls(ctx, batches, send, addrs, sent)
+			s.pushCalls(ctx, batches, send, addrs, at)
 		})
 	})
 	return nil
@@ -55,7 +57,7 @@ func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
 
 // pushCalls sends batches[i] for every i in send as one pipeline, and sets
 // their results; sent is when the lane sent them, for the breaker.
-func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, addrs []string, sent *sentAt) {
+func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, addrs []string, sent sentAt) {
 	if len(send) == 0 {
 		return
 	}

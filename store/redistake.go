@@ -63,7 +63,8 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 		}
 	}()
 	s.lanes(len(calls), func(i int) int { return calls[i].group % s.o.Lanes }, func(items []int) {
-		sent := &sentAt{start: s.now()}
+		var sent sentAt // when the lane's calls were sent, for the breaker
+		sent.start = s.now()
 		// Calls of one pipeline must not share a take marker (one prefix
 		// and group, several sets of rules): each run would overwrite the
 		// marker of the one before, and a client's retry of the pipeline
@@ -85,7 +86,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 		var send []int
 		for _, i := range items {
 			c := calls[i]
-			addr, ok := s.allow(ctx, c.group, sent)
+			addr, ok := s.allow(ctx, c.group, &sent)
 			if !ok {
 				for _, r := range c.reqs {
 					r.Status, r.Err = Failed, errOpen
@@ -106,6 +107,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 			}
 			send = append(send, i)
 		}
+		at := sent // a copy the closure captures by value: sent would move to the heap
 		s.perServer(send, addrs, func(send []int) {
 			if len(send) == 0 {
 				return
@@ -125,7 +127,7 @@ func (s *Redis) Take(ctx context.Context, reqs []*TakeRequest) error {
 				readTake(cmds[k], calls[i].reqs)
 				s.merge(outcome, addrs[i], cmdErr(cmds[k]))
 			}
-			s.reportAll(ctx, outcome, sent)
+			s.reportAll(ctx, outcome, at)
 		})
 	})
 	return nil
