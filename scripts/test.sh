@@ -31,6 +31,9 @@ case "${HYBRIDLIMIT_UNDER_SUBREAPER:-}" in
 esac
 export HYBRIDLIMIT_UNDER_SUBREAPER=done
 
+# phase names a step of the run and the seconds the run took before it.
+phase() { echo "== $* [${SECONDS}s]"; }
+
 # shellcheck source=scripts/redis-topology.sh
 . scripts/redis-topology.sh
 trap 'rt_stop_all' EXIT
@@ -48,26 +51,28 @@ mods=$(go list -m -f '{{.Dir}}')
 pkgs=()
 for m in $mods; do pkgs+=("$m/..."); done
 
-echo "== gofmt"
+phase "gofmt"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 if [ -n "$unformatted" ]; then echo "gofmt would change:"; echo "$unformatted"; exit 1; fi
 
-echo "== go vet"
+phase "go vet"
 go vet "${pkgs[@]}"
 
-echo "== 32-bit build (GOARCH=386)"
+phase "32-bit build (GOARCH=386)"
 GOARCH=386 go build "${pkgs[@]}"
 
+phase "modcheck"
 bash scripts/modcheck.sh # == nested modules build with GOWORK=off against the pinned root
 
-echo "== staticcheck ($STATICCHECK)"
+phase "staticcheck ($STATICCHECK)"
 go run "$STATICCHECK" "${pkgs[@]}"
 
-echo "== go test -race"
+phase "go test -race"
 go test -race -count=1 -timeout 8m "${pkgs[@]}"
 
 # The simulation's accuracy tests replay millions of decisions in virtual
 # time on one goroutine: deterministic, and minutes long under the race
 # detector, so they build only without it (//go:build !race) and run here.
-echo "== go test (simulation accuracy, without -race)"
+phase "go test (simulation accuracy, without -race)"
 go test -count=1 -timeout 5m -run 'Accuracy|SmallLimit' ./sim/
+phase "all passed"
