@@ -238,3 +238,71 @@ func TestSynchronousQueueAtTheBatchSize(t *testing.T) {
 		})
 	}
 }
+
+// slowGate is a memory store whose round trips carrying the key "slow"
+// report on entered, then wait for a value on release, like calls to a
+// hung shard before its circuit opens; the others are answered at once.
+type slowGate struct {
+	*store.Memory
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *slowGate) Take(ctx context.Context, reqs []*store.TakeRequest) error {
+	for _, r := range reqs {
+		if r.Key == "slow" {
+			g.entered <- struct{}{}
+			<-g.release
+			break
+		}
+	}
+	return g.Memory.Take(ctx, reqs)
+}
+
+// A request that waits in the queue while slow round trips hold every
+// in-flight slot still gets its whole deadline (half of StoreTimeout) in
+// the store once sent: it is decided by the store, not Degraded. (Counted
+// from the decision instead of the sending, the deadline passed in the
+// queue, and the store refused the request.)
+func TestSynchronousDeadlineCountsFromSending(t *testing.T) {
+	const timeout = time.Second
+	g := &slowGate{Memory: store.NewMemory(nil), entered: make(chan struct{}, maxInFlight), release: make(chan struct{})}
+	l, err := New(Config{
+		Rules:        []Rule{{Limit: 100, Window: time.Hour}},
+		Mode:         ModeSynchronous,
+		Store:        g,
+		StoreTimeout: timeout,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range maxInFlight { // every in-flight slot
+		wg.Go(func() {
+			_, err := l.Allow(ctx, "slow")
+			assert.NoError(t, err)
+		})
+		select {
+		case <-g.entered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no slow round trip began")
+		}
+	}
+	done := make(chan Result, 1)
+	go func() {
+		res, err := l.Allow(ctx, "fast")
+		assert.NoError(t, err)
+		done <- res
+	}()
+	queued(t, l, 1)
+	// The request waits in the queue for at least the whole StoreTimeout,
+	// twice its deadline in the store.
+	time.Sleep(timeout)
+	for range maxInFlight {
+		g.release <- struct{}{}
+	}
+	res := <-done
+	wg.Wait()
+	assert.True(t, res.Allowed)
+	assert.False(t, res.Degraded, "a request that waited in the queue was refused by the store for its deadline")
+}
