@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
 	"github.com/hybridlimit/hybridlimit/local"
 )
 
@@ -81,4 +83,51 @@ func failedProbeOfALane(t *testing.T, take bool) {
 	_, err = call(2)
 	assert.Greater(t, s.Calls(), calls, "after the backoff, the next call probes the server: %v", err)
 	assert.False(t, errors.Is(err, errOpen), "after the backoff, the next call probes the server: %v", err)
+}
+
+// After a failure without an answer, calls to the server fail at once,
+// without being sent, until the backoff has passed; then one call probes.
+// The breaker's clock is the test's, so that a loaded machine cannot let
+// the backoff pass between the failure and the calls it refuses.
+func TestRedisBreaker(t *testing.T) {
+	p := redistest.NewProxy(t, redistest.Addr(t))
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond,
+		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	const backoff = 300 * time.Millisecond
+	s, err := NewRedis(c, RedisOptions{BreakerMin: backoff, BreakerMax: time.Second})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	start := time.Unix(1000, 0)
+	now := start
+	s.breaker.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	at := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = start.Add(d) }
+
+	pfx := redistest.Prefix(t)
+	ctx := context.Background()
+	rule := local.NewRule(local.Spec{Kind: local.Sliding, Limit: 10, Window: time.Minute})
+	take := func() *TakeRequest {
+		r := &TakeRequest{Prefix: pfx, Key: "brk", Rules: []local.Rule{rule}, Now: time.Now().UnixMicro(),
+			Deadline: time.Now().Add(time.Minute).UnixMicro(), Cost: 1}
+		require.NoError(t, s.Take(ctx, []*TakeRequest{r}))
+		return r
+	}
+	p.Down()
+	b := &Batch{Prefix: pfx, Node: "n", Group: 0, Seq: 1,
+		Ops: []Op{{Counter: Counter{Key: "brk", Window: 60_000, ID: 1}, Delta: 1}}}
+	require.NoError(t, s.Push(ctx, []*Batch{b}))
+	require.NotEqual(t, Applied, b.Status)
+	p.Up() // a call sent now would be answered: only the breaker refuses it
+	calls := s.Calls()
+	for _, d := range []time.Duration{0, backoff - time.Nanosecond} {
+		at(d)
+		r := take()
+		assert.Equal(t, Failed, r.Status, "%v after the failure", d)
+		assert.ErrorIs(t, r.Err, ErrUnavailable, "%v after the failure", d)
+		assert.Equal(t, calls, s.Calls(), "%v after the failure: nothing sent while the circuit is open", d)
+	}
+	at(backoff)
+	r := take()
+	assert.Equal(t, Applied, r.Status, "the probe closes the circuit: %v", r.Err)
+	assert.Greater(t, s.Calls(), calls, "the probe is sent")
 }

@@ -103,33 +103,6 @@ func TestRedisLostReplyIsAppliedOnce(t *testing.T) {
 	assert.Equal(t, []int64{8}, again2.Totals)
 }
 
-// After a failure without an answer, calls to the server fail at once,
-// without being sent, until the backoff has passed; then one call probes.
-func TestRedisBreaker(t *testing.T) {
-	s, p := proxied(t, store.RedisOptions{BreakerMin: 300 * time.Millisecond, BreakerMax: time.Second})
-	pfx := redistest.Prefix(t)
-	ctx := context.Background()
-	const w = 60_000
-	id := future / w
-	p.Down()
-	b := batch(s, pfx, "n", "brk", 1, op(w, id, 1))
-	require.NoError(t, s.Push(ctx, []*store.Batch{b}))
-	require.NotEqual(t, store.Applied, b.Status)
-	calls := s.Calls()
-	start := time.Now()
-	r := newTake(pfx, "brk", future, 1, false, false, wr(10, w))
-	require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
-	assert.Less(t, time.Since(start), 50*time.Millisecond, "failed at once")
-	assert.Equal(t, store.Failed, r.Status)
-	assert.ErrorIs(t, r.Err, store.ErrUnavailable)
-	assert.Equal(t, calls, s.Calls(), "nothing sent while the circuit is open")
-	p.Up()
-	time.Sleep(350 * time.Millisecond)
-	r = newTake(pfx, "brk", future, 1, false, false, wr(10, w))
-	require.NoError(t, s.Take(ctx, []*store.TakeRequest{r}))
-	assert.Equal(t, store.Applied, r.Status, "the probe closes the circuit: %v", r.Err)
-}
-
 // Redis-specific answers: a server without the script cached, a counter
 // holding something else, and the counters' expiry.
 func TestRedisScriptsAndExpiry(t *testing.T) {
