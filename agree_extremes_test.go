@@ -46,7 +46,7 @@ func TestAlgorithmsAgreeAtExtremes(t *testing.T) {
 	}
 	var rs store.Store
 	if os.Getenv(redistest.EnvAddr) != "" {
-		rs = storetest.Redis(t, redistest.Client(t))
+		rs = storetest.Redis(t, redistest.PatientClient(t))
 	}
 	for si, set := range sets {
 		for _, countDenied := range []bool{false, true} {

@@ -50,7 +50,7 @@ func counter(t *testing.T, c redis.UniversalClient, prefix, key string, window t
 }
 
 func TestRedisAsyncConvergence(t *testing.T) {
-	c := redistest.Client(t)
+	c := redistest.PatientClient(t)
 	pfx := redistest.Prefix(t)
 	rules := []hybridlimit.Rule{{Limit: 1_000_000, Window: time.Hour}, {Limit: 10_000_000, Window: 24 * time.Hour, Type: hybridlimit.Fixed}}
 	nodes := redisNodes(t, c, 4, hybridlimit.Config{Rules: rules, Mode: hybridlimit.ModeAsync, Prefix: pfx, Manual: true, ClockSync: -1, StoreTimeout: exactTimeout})
@@ -92,7 +92,7 @@ func TestRedisAsyncConvergence(t *testing.T) {
 }
 
 func TestRedisSynchronousExactness(t *testing.T) {
-	c := redistest.Client(t)
+	c := redistest.PatientClient(t)
 	nodes := redisNodes(t, c, 8, hybridlimit.Config{
 		Rules: []hybridlimit.Rule{{Limit: 1000, Window: time.Hour}, {Limit: 5000, Window: 24 * time.Hour}},
 		Mode:  hybridlimit.ModeSynchronous,
@@ -215,7 +215,7 @@ func TestRedisCloseFlushes(t *testing.T) {
 // Every algorithm is exact in the synchronous mode: 10 nodes of 50
 // goroutines each admit exactly what the rule admits in a quiet hour.
 func TestRedisSynchronousExactnessEveryAlgorithm(t *testing.T) {
-	c := redistest.Client(t)
+	c := redistest.PatientClient(t)
 	for _, rule := range []hybridlimit.Rule{
 		{Limit: 300, Window: time.Hour},
 		{Limit: 300, Window: time.Hour, Type: hybridlimit.Fixed},
@@ -263,7 +263,8 @@ func TestRedisLogTrimmedAndExpiring(t *testing.T) {
 
 // exactTimeout is the StoreTimeout of the exactness tests: long enough that
 // no decision misses its deadline (and is decided Degraded) because the
-// machine is loaded.
+// machine is loaded. Their client is redistest.PatientClient, whose reply
+// timeout is longer still.
 const exactTimeout = 20 * time.Second
 
 // decideExact has goroutines goroutines per node each ask each times for

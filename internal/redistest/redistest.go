@@ -118,7 +118,22 @@ func Client(t testing.TB) *redis.Client {
 // ends, after checking that the server answers.
 func ClientAt(t testing.TB, addr string) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, PoolSize: 64})
+	return clientAt(t, addr, time.Second)
+}
+
+// PatientClient is Client with a minute, rather than a second, for
+// dialing and for each reply: for tests whose claim needs every call
+// answered (exactness, agreement with a model), so that a loaded machine,
+// which can keep the goroutine reading a reply off a processor for more
+// than a second, does not end the call in doubt.
+func PatientClient(t testing.TB) *redis.Client {
+	t.Helper()
+	return clientAt(t, Addr(t), time.Minute)
+}
+
+func clientAt(t testing.TB, addr string, timeout time.Duration) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, PoolSize: 64})
 	t.Cleanup(func() { _ = c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
