@@ -53,7 +53,12 @@ func TestRedisAsyncConvergence(t *testing.T) {
 	c := redistest.PatientClient(t)
 	pfx := redistest.Prefix(t)
 	rules := []hybridlimit.Rule{{Limit: 1_000_000, Window: time.Hour}, {Limit: 10_000_000, Window: 24 * time.Hour, Type: hybridlimit.Fixed}}
-	nodes := redisNodes(t, c, 4, hybridlimit.Config{Rules: rules, Mode: hybridlimit.ModeAsync, Prefix: pfx, Manual: true, ClockSync: -1, StoreTimeout: exactTimeout})
+	// A node reads a key back in its cycles only while it decided on it
+	// within the last three sync periods: with SyncRate an hour (the
+	// cycles are run by hand), a loaded machine cannot let that time pass
+	// between the decisions and the Syncs below.
+	nodes := redisNodes(t, c, 4, hybridlimit.Config{Rules: rules, Mode: hybridlimit.ModeAsync, Prefix: pfx, Manual: true, ClockSync: -1,
+		StoreTimeout: exactTimeout, SyncRate: time.Hour})
 	ctx := context.Background()
 	keys := []string{"plain", "with space", "{braces}", "new\nline", "\x00\xffbin"}
 	var admitted atomic.Int64
