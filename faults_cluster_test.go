@@ -73,7 +73,9 @@ func TestFaultClusterMasterKilled(t *testing.T) {
 // Setting "yes", the default, ignores a failure: a server may be down.
 func setCoverage(t *testing.T, addrs []string, v string) {
 	for _, a := range addrs {
-		c := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1, DialTimeout: faultIO, ReadTimeout: faultIO})
+		// Not the fault tests' short timeouts: this sets the stage, and a
+		// loaded machine can take longer than 300 ms to answer.
+		c := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1, DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second})
 		err := c.ConfigSet(context.Background(), "cluster-require-full-coverage", v).Err()
 		_ = c.Close()
 		if v != "yes" {

@@ -70,13 +70,7 @@ func TestFaultClusterHungMasterSynchronous(t *testing.T) {
 		Prefix: redistest.Prefix(t), Rules: []hybridlimit.Rule{{Limit: 1 << 40, Window: time.Hour}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
-	// Warm: every master has served a call, so the store knows every
-	// key's route.
-	for _, k := range append(append([]string(nil), healthy...), hung...) {
-		res, err := l.Allow(context.Background(), k)
-		require.NoError(t, err)
-		require.False(t, res.Degraded, "warm-up on %q", k)
-	}
+	warmUp(t, l, append(append([]string(nil), healthy...), hung...), nil)
 
 	var good, bad routeSide
 	stop := make(chan struct{})

@@ -141,12 +141,7 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 	})
 	ctx := context.Background()
 	admitted := newTally(keys)
-	for _, k := range keys {
-		res, err := l.Allow(ctx, k)
-		require.NoError(t, err)
-		require.False(t, res.Degraded, "warm-up on %q", k)
-		admitted.add(k)
-	}
+	warmUp(t, l, keys, admitted)
 
 	var good, bad routeSide
 	var errs atomic.Int64
@@ -269,12 +264,7 @@ func TestFaultClusterRouteSlotMigration(t *testing.T) {
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	ctx := context.Background()
 	admitted := newTally(keys)
-	for _, k := range keys {
-		res, err := l.Allow(ctx, k)
-		require.NoError(t, err)
-		require.False(t, res.Degraded, "warm-up on %q", k)
-		admitted.add(k)
-	}
+	warmUp(t, l, keys, admitted)
 	dstRoute := rs.Route(pfx, others[0])
 	for _, k := range moving {
 		require.NotEqual(t, dstRoute, rs.Route(pfx, k), "key %q before the migration", k)

@@ -339,3 +339,30 @@ func decideAll(wg *sync.WaitGroup, nodes []*hybridlimit.Limiter, per int, keys [
 		})
 	}
 }
+
+// warmUp decides every key on the ModeSynchronous limiter l until the
+// store decides it (not Degraded), so that every master has served a call
+// and the store knows every key's route; it counts the admitted decisions
+// in admitted (when not nil). A first call (a dial, the script loaded,
+// under -race on a loaded machine) can miss its request's deadline, or
+// get no answer in time and open the master's circuit, which is not what
+// the fault tests are about: a key is tried again every 50 ms, past the
+// circuit's backoff, for up to 10 s.
+func warmUp(t *testing.T, l *hybridlimit.Limiter, keys []string, admitted *tally) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, k := range keys {
+		for {
+			res, err := l.Allow(context.Background(), k)
+			require.NoError(t, err)
+			if res.Allowed && admitted != nil {
+				admitted.add(k)
+			}
+			if !res.Degraded {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "warm-up on %q: every decision Degraded for 10 s", k)
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
