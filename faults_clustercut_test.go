@@ -28,6 +28,14 @@ import (
 // once); for the synchronous nodes it holds exactly what was admitted on
 // the healthy shards, and on the cut shard at least that and at most the
 // requests in doubt more.
+//
+// A loaded machine can leave this process unscheduled for longer than the
+// StoreTimeout, cut or not: a call to a healthy master then gets no answer
+// in time and is in doubt. As in TestFaultClusterMasterKilled, a witness
+// pinging each healthy master tells those apart (judgeHealthyTakes): such
+// a request is excused only when the witness got no answer from its master
+// for a quarter of the StoreTimeout while the call ran, and its key may
+// then hold it twice.
 func TestFaultClusterProxyCut(t *testing.T) {
 	shards := redistest.WaitClusterOK(t, 30*time.Second)
 	require.Len(t, shards, 3)
@@ -66,9 +74,21 @@ func TestFaultClusterProxyCut(t *testing.T) {
 		isCut[k] = true
 	}
 	pfxA, pfxS := redistest.Prefix(t), redistest.Prefix(t)
-	var cutInDoubt, healthyInDoubt, healthyLate, healthyFailed, asyncDoubtCut atomic.Int64
-	var trafficOn atomic.Bool
+	masterOf := map[string]string{} // healthy synchronous key -> its master
+	for _, sh := range []redistest.ClusterShard{shards[0], shards[2]} {
+		for _, k := range syncKeys {
+			if onShard(sh, store.Slot(k)) {
+				masterOf[k] = sh.Master
+			}
+		}
+	}
+	var cutInDoubt, healthyLate, asyncDoubtCut atomic.Int64
+	var healthyMu sync.Mutex
+	var healthyTakes []healthyTake
+	nodes := 0
 	mk := func(mode hybridlimit.Mode) *hybridlimit.Limiter {
+		nodes++
+		id := nodes
 		w := &watched{Store: newRedisStore(t, newClient())}
 		w.onPush = func(_, _ time.Time, bs []*store.Batch) {
 			for _, b := range bs {
@@ -77,22 +97,21 @@ func TestFaultClusterProxyCut(t *testing.T) {
 				}
 			}
 		}
-		w.onTake = func(_, end time.Time, rs []*store.TakeRequest) {
+		w.onTake = func(start, end time.Time, rs []*store.TakeRequest) {
 			for _, r := range rs {
 				switch {
 				case isCut[r.Key]:
 					if r.Status == store.InDoubt {
 						cutInDoubt.Add(1)
 					}
-				case r.Status == store.InDoubt:
-					healthyInDoubt.Add(1)
-				case r.Status == store.Applied || !trafficOn.Load():
-				case lateTake(r, end):
-					healthyLate.Add(1)
 				default:
-					if healthyFailed.Add(1) <= 5 {
-						t.Logf("synchronous request on healthy key %q: %v: %v", r.Key, r.Status, r.Err)
+					late := lateTake(r, end)
+					if late {
+						healthyLate.Add(1)
 					}
+					healthyMu.Lock()
+					healthyTakes = append(healthyTakes, healthyTake{node: id, key: r.Key, start: start, end: end, status: r.Status, err: r.Err, late: late})
+					healthyMu.Unlock()
 				}
 			}
 		}
@@ -104,6 +123,9 @@ func TestFaultClusterProxyCut(t *testing.T) {
 	asyncNodes := []*hybridlimit.Limiter{mk(hybridlimit.ModeAsync), mk(hybridlimit.ModeAsync)}
 	syncNodes := []*hybridlimit.Limiter{mk(hybridlimit.ModeSynchronous), mk(hybridlimit.ModeSynchronous)}
 	ctx := context.Background()
+	// The witness watches the warm-up too: a warm-up call in doubt opens
+	// its master's circuit for the node's next calls.
+	witness := watchMasters(t, []string{shards[0].Master, shards[2].Master})
 	for _, l := range append(append([]*hybridlimit.Limiter(nil), asyncNodes...), syncNodes...) {
 		for _, k := range append(append([]string(nil), asyncKeys...), syncKeys...) {
 			_, err := l.Peek(ctx, k) // slots known, connections open, scripts cached
@@ -114,7 +136,6 @@ func TestFaultClusterProxyCut(t *testing.T) {
 	var errs, degradedHealthy atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	trafficOn.Store(true)
 	start := time.Now()
 	decideAll(&wg, asyncNodes, 4, asyncKeys, stop, admittedA, &errs, nil)
 	for _, l := range syncNodes {
@@ -140,16 +161,18 @@ func TestFaultClusterProxyCut(t *testing.T) {
 	time.Sleep(time.Second)
 	p.Up()
 	time.Sleep(time.Second)
-	trafficOn.Store(false)
 	close(stop)
 	wg.Wait()
+	witness.stop()
 	closeAll(t, append(append([]*hybridlimit.Limiter(nil), asyncNodes...), syncNodes...), 10*time.Second)
 	end := time.Now()
 
 	assert.Zero(t, errs.Load(), "decisions returned errors")
-	assert.Zero(t, healthyInDoubt.Load(), "synchronous requests on healthy shards were in doubt")
-	assert.Zero(t, healthyFailed.Load(), "synchronous requests on healthy shards failed other than by arriving late")
-	assert.LessOrEqual(t, degradedHealthy.Load(), healthyLate.Load(), "synchronous decisions on healthy shards degraded beyond the requests that arrived late")
+	// Every synchronous request on a healthy shard was applied or refused
+	// for arriving late, but those a stall of the process excuses.
+	stalled := judgeHealthyTakes(t, healthyTakes, masterOf, witness, true)
+	assert.LessOrEqual(t, degradedHealthy.Load(), healthyLate.Load()+stalled.excused,
+		"synchronous decisions on healthy shards degraded beyond the requests that arrived late or that a stall excuses")
 	read := redistest.ClusterClient(t)
 	ids := hourIDs(start, end)
 	for _, k := range asyncKeys {
@@ -159,13 +182,15 @@ func TestFaultClusterProxyCut(t *testing.T) {
 	for _, k := range syncKeys {
 		a, s := admittedS.get(k), stored(t, read, pfxS, k, ids)
 		if !isCut[k] {
-			assert.Equal(t, a, s, "synchronous key %q of a healthy shard", k)
+			// A request in doubt may have run in the store and been
+			// decided again by the FailurePolicy: counted twice at most.
+			assert.True(t, s >= a && s-a <= stalled.inDoubt[k], "synchronous key %q of a healthy shard: admitted %d, stored %d, in doubt while the process stalled %d", k, a, s, stalled.inDoubt[k])
 			continue
 		}
 		assert.GreaterOrEqual(t, s, a, "synchronous key %q of the cut shard: admissions lost", k)
 		over += s - a
 	}
 	assert.LessOrEqual(t, over, cutInDoubt.Load(), "the cut shard's synchronous keys over-counted beyond the requests in doubt")
-	t.Logf("async: admitted %d, %d pushes to the cut shard in doubt; synchronous: admitted %d, cut shard counted twice %d of %d requests in doubt; healthy shards degraded %d (%d arrived late)",
-		admittedA.sum(asyncKeys), asyncDoubtCut.Load(), admittedS.sum(syncKeys), over, cutInDoubt.Load(), degradedHealthy.Load(), healthyLate.Load())
+	t.Logf("async: admitted %d, %d pushes to the cut shard in doubt; synchronous: admitted %d, cut shard counted twice %d of %d requests in doubt; healthy shards degraded %d (%d arrived late, %d in doubt or failed while the process stalled)",
+		admittedA.sum(asyncKeys), asyncDoubtCut.Load(), admittedS.sum(syncKeys), over, cutInDoubt.Load(), degradedHealthy.Load(), healthyLate.Load(), stalled.excused)
 }
