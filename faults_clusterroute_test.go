@@ -72,7 +72,11 @@ func waitGoroutines(t *testing.T, before int) int {
 // killed master's keys take their own route, are applied again and stop
 // failing within a bound of the measured failover time (three times it
 // plus 2 s, as in TestFaultClusterMasterKilled); no goroutine is left
-// once the limiter and its client are closed.
+// once the limiter and its client are closed. A request on a healthy
+// master's key in doubt (or failed by the circuit it opened) is excused
+// only when a witness pinging that master got no answer for a quarter of
+// the StoreTimeout during the call, as in TestFaultClusterMasterKilled: a
+// loaded machine can stall the process past the StoreTimeout.
 func TestFaultClusterRouteMasterKilled(t *testing.T) {
 	redistest.Destructive(t)
 	shards := redistest.WaitClusterOK(t, 30*time.Second)
@@ -86,6 +90,7 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 
 	var keys, healthy []string
 	killedKey := map[string]bool{}
+	masterOf := map[string]string{} // healthy key -> its master
 	for i, sh := range shards {
 		ks := keysOnShard(sh, "r", 4)
 		keys = append(keys, ks...)
@@ -94,29 +99,28 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 				killedKey[k] = true
 			} else {
 				healthy = append(healthy, k)
+				masterOf[k] = sh.Master
 			}
 		}
 	}
 	var goneAt, recovered, lastFailed atomic.Int64 // Unix ns
 	var trafficOn atomic.Bool
-	var healthyInDoubt, healthyLate, healthyFailed, inDoubt atomic.Int64
+	var healthyLate, inDoubt atomic.Int64
+	var healthyMu sync.Mutex
+	var healthyTakes []healthyTake // from the warm-up on
 	rs := newRedisStore(t, c)
 	st := &watched{Store: rs, onTake: func(start, end time.Time, reqs []*store.TakeRequest) {
 		for _, r := range reqs {
 			switch {
-			case !trafficOn.Load():
 			case !killedKey[r.Key]:
-				switch {
-				case r.Status == store.Applied:
-				case r.Status == store.InDoubt:
-					healthyInDoubt.Add(1)
-				case lateTake(r, end):
+				late := lateTake(r, end)
+				if late && trafficOn.Load() {
 					healthyLate.Add(1)
-				default:
-					if healthyFailed.Add(1) <= 5 {
-						t.Logf("a request on healthy key %q: %v: %v", r.Key, r.Status, r.Err)
-					}
 				}
+				healthyMu.Lock()
+				healthyTakes = append(healthyTakes, healthyTake{node: 1, key: r.Key, start: start, end: end, status: r.Status, err: r.Err, late: late})
+				healthyMu.Unlock()
+			case !trafficOn.Load():
 			case r.Status == store.Applied:
 				if g := goneAt.Load(); g != 0 && start.UnixNano() > g {
 					recovered.CompareAndSwap(0, end.UnixNano())
@@ -141,6 +145,7 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
+	witness := watchMasters(t, []string{shards[0].Master, shards[2].Master})
 	admitted := newTally(keys)
 	warmUp(t, l, keys, admitted)
 
@@ -193,6 +198,7 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // traffic on the promoted replica
 	close(stop)
 	wg.Wait()
+	witness.stop()
 	// The killed master's keys now have their own route, apart from the
 	// healthy masters' ones.
 	for _, k := range healthy {
@@ -214,16 +220,19 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 	bound := 3*failover + 2*time.Second
 	assert.True(t, recovered.Load() != 0 && rec <= bound, "decisions on the killed master's keys applied again after %v, want within %v", rec, bound)
 	assert.LessOrEqual(t, last, bound, "decisions on the killed master's keys failed %v after the kill, want within %v", last, bound)
-	assert.Zero(t, healthyFailed.Load(), "requests on the healthy masters' keys failed other than by arriving late")
-	assert.Zero(t, healthyInDoubt.Load(), "requests on the healthy masters' keys were in doubt")
-	assert.LessOrEqual(t, good.degraded.Load(), healthyLate.Load(), "decisions on the healthy masters' keys Degraded beyond the late requests")
+	stalled := judgeHealthyTakes(t, healthyTakes, masterOf, witness, true)
+	assert.LessOrEqual(t, good.degraded.Load(), healthyLate.Load()+stalled.excused,
+		"decisions on the healthy masters' keys Degraded beyond the late requests and those a stall excuses")
 	for _, s := range []*routeSide{&good, &bad} {
 		assert.Less(t, time.Duration(s.worst.Load()), 2*faultTimeout+500*time.Millisecond,
 			"a decision waited past the StoreTimeout and one batch")
 	}
 	ids := hourIDs(start, end)
 	for _, k := range healthy {
-		assert.Equal(t, admitted.get(k), stored(t, probe, pfx, k, ids), "healthy master's key %q", k)
+		// A request in doubt may have run in the store and been decided
+		// again by the FailurePolicy: counted twice at most.
+		a, s := admitted.get(k), stored(t, probe, pfx, k, ids)
+		assert.True(t, s >= a && s-a <= stalled.inDoubt[k], "healthy master's key %q: admitted %d, stored %d, in doubt while the process stalled %d", k, a, s, stalled.inDoubt[k])
 	}
 	_ = c.Close()
 	_ = probe.Close()
