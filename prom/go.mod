@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261124184304-2dbf183a9244
+	github.com/hybridlimit/hybridlimit v0.0.0-20261124185201-5528155f9061
 	github.com/stretchr/testify v1.12.1
 )
 
