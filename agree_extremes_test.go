@@ -53,6 +53,7 @@ func TestAlgorithmsAgreeAtExtremes(t *testing.T) {
 			for _, jitter := range []bool{false, true} {
 				name := fmt.Sprintf("%s/countDenied=%v/ns=%v", set.name, countDenied, jitter)
 				t.Run(name, func(t *testing.T) {
+					t.Parallel() // each sequence has its own clock, limiters and prefix
 					runAgree(t, set.rules, countDenied, jitter, rs, uint64(si)*7+uint64(len(name)))
 				})
 			}

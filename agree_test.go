@@ -346,6 +346,7 @@ func TestAlgorithmsAgreeAcrossModes(t *testing.T) {
 			for _, jitter := range []bool{false, true} {
 				name := fmt.Sprintf("%s/countDenied=%v/ns=%v", set.name, countDenied, jitter)
 				t.Run(name, func(t *testing.T) {
+					t.Parallel() // each sequence has its own clock, limiters and prefix
 					seed := uint64(si)*4 + uint64(len(name))
 					runAgree(t, set.rules, countDenied, jitter, rs, seed)
 				})
