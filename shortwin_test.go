@@ -21,7 +21,8 @@ func TestAsyncWindowOfOneSyncPeriodDropsNothing(t *testing.T) {
 	for _, typ := range []Algorithm{Sliding, Fixed} {
 		for _, phase := range []time.Duration{0, time.Millisecond, rate/2 - time.Millisecond, rate / 2, rate - time.Millisecond} {
 			ctx := context.Background()
-			mock := clock.NewMock()
+			// stepClock: clock.Mock's Add sleeps a millisecond each time.
+			mock := &stepClock{Mock: clock.NewMock()}
 			mock.Set(t0)
 			mem := store.NewMemory(mock)
 			l, err := New(Config{Rules: []Rule{{Limit: 1000, Window: rate, Type: typ}}, Mode: ModeAsync, Store: mem, SyncRate: rate, Clock: mock, Manual: true, ClockSync: -1})
