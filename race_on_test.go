@@ -3,5 +3,6 @@
 package hybridlimit
 
 // raceOn reports whether the race detector is on, which slows the
-// single-goroutine property tests tenfold: they run fewer cases then.
+// single-goroutine property tests tenfold: they run fewer cases then,
+// and scripts/test.sh runs them whole without it (list a new one there).
 const raceOn = true

@@ -75,4 +75,11 @@ go test -race -count=1 -timeout 8m "${pkgs[@]}"
 # detector, so they build only without it (//go:build !race) and run here.
 phase "go test (simulation accuracy, without -race)"
 go test -count=1 -timeout 5m -run 'Accuracy|SmallLimit' ./sim/
+
+# The tests that read raceOn run fewer cases or rounds under the race
+# detector (ten to fifty times slower there); here they run whole. A test
+# that starts reading raceOn is added to this list.
+phase "go test (the cases -race leaves out, without -race)"
+go test -count=1 -timeout 5m -run '^(TestAsyncConservesIncrements|TestAsyncOvershootWithinTheStatedBound|TestAsyncOvershootWithinTheStatedBoundRandom)$' .
+go test -count=1 -timeout 5m -run '^TestEvictionRacingADecisionLosesNothing$' ./local/
 phase "all passed"
