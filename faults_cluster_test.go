@@ -2,6 +2,7 @@ package hybridlimit_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
@@ -48,18 +49,25 @@ import (
 // a round trip to a healthy master can take longer than half the
 // StoreTimeout, and the store then refuses the request for its deadline
 // (store.Failed, counted nowhere) and the FailurePolicy decides it. Those
-// decisions are Degraded by design; every other failure on a healthy shard
-// fails the test. A loaded machine can also leave this process unscheduled
-// for longer than the StoreTimeout: a call to a healthy master then gets
-// no answer in time, is in doubt and opens that master's circuit, as it
-// would without any fault. A witness tells those apart from calls that
-// the dead shard held: a loop pinging each healthy master through a client
-// of its own, whose round trips take well under a millisecond. An in-doubt
-// call is excused only when that witness got no answer for a quarter of
-// the StoreTimeout or longer while the call ran (with go-redis' 300 ms
-// read timeout, such a stall and the client's retry use up the call's
-// 400 ms); its requests may then be counted twice (as docs/failures.md
-// says of lost replies), and the calls its open circuit failed until a
+// decisions are Degraded by design. So are those a healthy master refuses
+// with CLUSTERDOWN under cluster-require-full-coverage no: a master that
+// the load kept from hearing the others for the cluster-node-timeout
+// declares the cluster down itself (the hook below shows the answer came
+// from the request's own master). Every other failure on a healthy shard
+// fails the test. A loaded machine can also delay a call to a healthy
+// master past the StoreTimeout: a call passes through several goroutines
+// (the store's, go-redis' own for the node, the one reading the reply),
+// each of which can wait for a processor, and go-redis sends a pipeline
+// that a master refused with CLUSTERDOWN again, after a backoff. The call
+// is then in doubt and opens that master's circuit, as it would without
+// any fault. Each call's own record tells those apart from calls that the
+// dead shard held (judgeHealthyTakes): a hook on the clients' node
+// connections notes every pipeline a call sent, to which master, when it
+// began and how it ended. An in-doubt call is excused only when every
+// pipeline that carried it went to its own master, and the first left no
+// later than two of the process' longest scheduling delays meanwhile; its
+// requests may then be counted twice (as docs/failures.md says of lost
+// replies), and the calls its open circuit failed until a
 // call to that master succeeded again are excused with it. The traffic
 // runs until a healthy synchronous key reached its limit, however slowly
 // the nodes decide.
@@ -109,9 +117,10 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	for _, k := range append(append([]string(nil), killedAsync...), killedSync...) {
 		killedKey[k] = true
 	}
+	calls := newCallLog(t)
 	newClient := func() *redis.ClusterClient {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 32,
-			DialTimeout: faultIO, ReadTimeout: faultIO, WriteTimeout: faultIO})
+		c := redis.NewClusterClient(calls.trace(&redis.ClusterOptions{Addrs: addrs, PoolSize: 32,
+			DialTimeout: faultIO, ReadTimeout: faultIO, WriteTimeout: faultIO}))
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
@@ -152,7 +161,7 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	mk := func(mode hybridlimit.Mode) *node {
 		nodes++
 		n := &node{id: nodes}
-		w := &watched{Store: newRedisStore(t, newClient())}
+		w := &watched{Store: newRedisStore(t, newClient()), calls: calls}
 		w.onPush = func(start, end time.Time, bs []*store.Batch) {
 			for _, b := range bs {
 				if b.Status == store.Applied && onShard(victim, b.Group) {
@@ -160,7 +169,7 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 				}
 			}
 		}
-		w.onTake = func(start, end time.Time, rs []*store.TakeRequest) {
+		w.onTakeCall = func(call int64, start, end time.Time, rs []*store.TakeRequest) {
 			for _, r := range rs {
 				if !killedKey[r.Key] {
 					if !trafficOn.Load() {
@@ -171,7 +180,7 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 						healthyLate.Add(1)
 					}
 					healthyMu.Lock()
-					healthyTakes = append(healthyTakes, healthyTake{node: n.id, key: r.Key, start: start, end: end, status: r.Status, err: r.Err, late: late})
+					healthyTakes = append(healthyTakes, healthyTake{node: n.id, key: r.Key, call: call, start: start, end: end, status: r.Status, err: r.Err, late: late})
 					healthyMu.Unlock()
 					continue
 				}
@@ -207,7 +216,6 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 			require.NoError(t, err)
 		}
 	}
-	witness := watchMasters(t, []string{shards[0].Master, shards[2].Master})
 	admittedA, admittedS, degradedAdmitted := newTally(asyncKeys), newTally(syncKeys), newTally(syncKeys)
 	isHealthySync := map[string]bool{}
 	for _, k := range healthySync {
@@ -324,7 +332,6 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	}
 	close(stop)
 	wg.Wait()
-	witness.stop()
 	recA, recS := recovered(asyncNodes), recovered(syncNodes)
 	t.Logf("recovery after the kill: async pushes %v, synchronous decisions %v (failover %v)",
 		recA.Round(time.Millisecond), recS.Round(time.Millisecond), failover.Round(time.Millisecond))
@@ -340,7 +347,7 @@ func clusterMasterKilled(t *testing.T, coverage string) {
 	bound := 3*failover + 2*time.Second
 	assert.True(t, recA > 0 && recA <= bound, "async pushes to the failed shard recovered after %v, want within %v", recA, bound)
 	assert.True(t, recS > 0 && recS <= bound, "synchronous decisions on the failed shard recovered after %v, want within %v", recS, bound)
-	stalled := judgeHealthyTakes(t, healthyTakes, masterOf, witness, coverage == "no")
+	stalled := judgeHealthyTakes(t, healthyTakes, masterOf, calls, coverage == "no")
 	if coverage == "no" {
 		// Every degraded decision on a healthy shard is one the store
 		// refused because its request arrived after its deadline, or one
@@ -399,105 +406,179 @@ func lateTake(r *store.TakeRequest, end time.Time) bool {
 type healthyTake struct {
 	node       int
 	key        string
+	call       int64 // the Take's number in its callLog
 	start, end time.Time
 	status     store.Status
 	err        error
 	late       bool // refused for arriving after its deadline
 }
 
-// masterWitness pings masters, each through a client of its own, one ping
-// at a time with 5 ms between them, and records when each answer
-// came: a master with no answer for a long time was not reached by any
-// client of this process, the machine holding the process or the server.
-type masterWitness struct {
-	mu      sync.Mutex
-	answers map[string][]time.Time
-	done    chan struct{}
-	wg      sync.WaitGroup
+// callLog records what each Take of the watched stores sent: every
+// pipeline of take script calls that go-redis ran on a node of a Redis
+// Cluster client (each attempt of a pipeline go-redis retried apart),
+// the user keys it carried, when it began (waiting for a connection, and
+// dialing one, included) and ended, and its error; and the Take's
+// deadline. It is the call's own account of what it waited for, kept by
+// the goroutines that did the work: a stall of the path to the server (a
+// proxy) or of the server delays the call and its record alike. Beside
+// it, a goroutine of the process ticks every millisecond: the longest
+// silence of its ticks is how long a goroutine of this process waited
+// for a processor.
+type callLog struct {
+	next     atomic.Int64
+	mu       sync.Mutex
+	sent     map[int64][]*attempt
+	deadline map[int64]time.Time
+	ticks    *masterWitness
 }
 
-func watchMasters(t *testing.T, addrs []string) *masterWitness {
-	w := &masterWitness{answers: map[string][]time.Time{}, done: make(chan struct{})}
-	for _, a := range addrs {
-		c := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1, PoolSize: 1, ReadTimeout: 10 * time.Second})
-		t.Cleanup(func() { _ = c.Close() })
-		w.wg.Go(func() {
-			for {
-				select {
-				case <-w.done:
-					return
-				case <-time.After(5 * time.Millisecond):
-				}
-				if c.Ping(context.Background()).Err() == nil {
-					w.mu.Lock()
-					w.answers[a] = append(w.answers[a], time.Now())
-					w.mu.Unlock()
-				}
-			}
-		})
+// attempt is one pipeline of take script calls on one node.
+type attempt struct {
+	addr       string
+	keys       map[string]bool // the base64url of each user key it carried
+	start, end time.Time       // end is zero while the pipeline runs
+	err        error
+}
+
+type callKey struct{}
+
+// newCallLog returns an empty log, its ticks running until the test ends.
+func newCallLog(t *testing.T) *callLog {
+	return &callLog{sent: map[int64][]*attempt{}, deadline: map[int64]time.Time{}, ticks: watchMasters(t, nil)}
+}
+
+// trace makes l record the pipelines that a Redis Cluster client made
+// with o sends for a Take: its node clients are made with the hook. It
+// returns o.
+func (l *callLog) trace(o *redis.ClusterOptions) *redis.ClusterOptions {
+	o.NewClient = func(opt *redis.Options) *redis.Client {
+		c := redis.NewClient(opt)
+		c.AddHook(callHook{l, opt.Addr})
+		return c
 	}
-	w.wg.Go(func() {
-		for {
-			select {
-			case <-w.done:
-				return
-			case <-time.After(time.Millisecond):
-			}
-			w.mu.Lock()
-			w.answers[""] = append(w.answers[""], time.Now())
-			w.mu.Unlock()
+	return o
+}
+
+// begin returns ctx carrying a new call number, and the number.
+func (l *callLog) begin(ctx context.Context) (context.Context, int64) {
+	call := l.next.Add(1)
+	if d, ok := ctx.Deadline(); ok {
+		l.mu.Lock()
+		l.deadline[call] = d
+		l.mu.Unlock()
+	}
+	return context.WithValue(ctx, callKey{}, call), call
+}
+
+// attempts returns the pipelines that call sent carrying key, in the
+// order they began, and the call's deadline.
+func (l *callLog) attempts(call int64, key string) ([]attempt, time.Time) {
+	enc := base64.RawURLEncoding.EncodeToString([]byte(key))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var as []attempt
+	for _, a := range l.sent[call] {
+		if a.keys[enc] {
+			as = append(as, *a)
 		}
-	})
-	t.Cleanup(w.stop)
-	return w
-}
-
-func (w *masterWitness) stop() {
-	select {
-	case <-w.done:
-	default:
-		close(w.done)
 	}
-	w.wg.Wait()
+	return as, l.deadline[call]
 }
 
-// gap returns the longest time from from to to without an answer from
-// addr ("" for the process' own ticks).
-func (w *masterWitness) gap(addr string, from, to time.Time) time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	last, longest := from, time.Duration(0)
-	for _, at := range w.answers[addr] {
-		if at.Before(from) {
+// userKeys returns the base64url of the user keys that the take script
+// calls cmds carry: what the braces of their counters' keys hold (the
+// first key of a call, its marker, is left out).
+func userKeys(cmds []redis.Cmder) map[string]bool {
+	keys := map[string]bool{}
+	for _, c := range cmds {
+		args := c.Args()
+		if len(args) < 4 {
 			continue
 		}
-		if at.After(to) {
-			break
+		n, _ := args[2].(int)
+		for _, a := range args[4:min(3+n, len(args))] {
+			var k string
+			switch a := a.(type) {
+			case string:
+				k = a
+			case *string:
+				k = *a
+			}
+			if i := strings.Index(k, ":{"); i >= 0 {
+				if j := strings.Index(k[i:], "}:"); j >= 0 {
+					keys[k[i+2:i+j]] = true
+				}
+			}
 		}
-		longest = max(longest, at.Sub(last))
-		last = at
 	}
-	return max(longest, to.Sub(last))
+	return keys
 }
 
-// stallExcuse is what judgeHealthyTakes excused: requests (in doubt or
-// failed by a circuit that an excused one opened), and per key the
+// callHook records in its log the pipelines of a node client that carry
+// a call number: those of take script calls (a new connection's own
+// commands go out inside them, under the same context, and are left out).
+type callHook struct {
+	l    *callLog
+	addr string
+}
+
+func (h callHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h callHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h callHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		call, _ := ctx.Value(callKey{}).(int64)
+		if call == 0 || len(cmds) == 0 || (cmds[0].Name() != "evalsha" && cmds[0].Name() != "eval") {
+			return next(ctx, cmds)
+		}
+		a := &attempt{addr: h.addr, keys: userKeys(cmds), start: time.Now()}
+		h.l.mu.Lock()
+		h.l.sent[call] = append(h.l.sent[call], a)
+		h.l.mu.Unlock()
+		err := next(ctx, cmds)
+		end := time.Now()
+		h.l.mu.Lock()
+		a.end, a.err = end, err
+		h.l.mu.Unlock()
+		return err
+	}
+}
+
+// stallExcuse is what judgeHealthyTakes excused: requests (in doubt,
+// refused by their master as the cluster was down, or failed by a circuit
+// that an excused one opened), of them those refused, and per key the
 // requests in doubt.
 type stallExcuse struct {
-	excused int64
-	inDoubt map[string]int64
+	excused, down int64
+	inDoubt       map[string]int64
 }
 
 // judgeHealthyTakes checks the synchronous requests on healthy shards that
-// were neither applied nor refused for arriving late. A request in doubt
-// is excused when the witness had no answer from its master for a quarter
-// of the StoreTimeout or longer while the call ran: the process or the
-// server was not running, dead shard or not. The circuit such a call opens fails
-// the node's next calls to that master until one succeeds: those are
-// excused with it. With strict (cluster-require-full-coverage no) any
-// other failure fails the test; without it, the CLUSTERDOWN refusals are
-// expected and only requests in doubt are judged.
-func judgeHealthyTakes(t *testing.T, takes []healthyTake, masterOf map[string]string, w *masterWitness, strict bool) stallExcuse {
+// were neither applied nor refused for arriving late, with the record of
+// their calls in log.
+//
+// A request in doubt is excused only when its call's own record shows
+// that it waited for its own master and this process alone: every
+// pipeline that carried it went to its master (none spanned masters, none
+// went to the failed one), and the first began before the call gave up,
+// no later after the call's start than twice the longest silence of the
+// process' ticks meanwhile (two goroutines start on the way: the store's
+// and go-redis' own for the node; a request held before it was sent, on a
+// lock or queue it shares with the failed master, fails the test). Once
+// sent, such a call can wait only for the answer of its own master (which
+// refuses it with CLUSTERDOWN while the cluster is down, and go-redis then
+// tries again) and for the goroutines that carry the answer back: on a
+// loaded machine those waits outlast the StoreTimeout, fault or not.
+//
+// The circuit that an excused call opens fails the node's next calls to
+// that master until one succeeds: those are excused with it. With strict
+// (cluster-require-full-coverage no) any other failure fails the test but
+// a CLUSTERDOWN answer from the request's own master: on a loaded machine
+// a healthy master can lose sight of the others for the
+// cluster-node-timeout and declare the cluster down itself. Without
+// strict, the CLUSTERDOWN refusals are expected and only requests in
+// doubt are judged.
+func judgeHealthyTakes(t *testing.T, takes []healthyTake, masterOf map[string]string, log *callLog, strict bool) stallExcuse {
 	t.Helper()
 	ex := stallExcuse{inDoubt: map[string]int64{}}
 	// Order each node's outcomes per master by when they took effect on
@@ -516,7 +597,7 @@ func judgeHealthyTakes(t *testing.T, takes []healthyTake, masterOf map[string]st
 		node   int
 		master string
 	}
-	openByStall := map[circuit]bool{}
+	openByExcused := map[circuit]bool{}
 	var bad int
 	fail := func(h healthyTake, why string) {
 		if bad++; bad <= 5 {
@@ -527,19 +608,24 @@ func judgeHealthyTakes(t *testing.T, takes []healthyTake, masterOf map[string]st
 		c := circuit{h.node, masterOf[h.key]}
 		switch {
 		case h.status == store.Applied || h.late: // the server answered
-			openByStall[c] = false
+			openByExcused[c] = false
 		case h.status == store.InDoubt:
-			gaveUp := h.start.Add(faultTimeout)
-			if g := w.gap(c.master, h.start, gaveUp); g < faultTimeout/4 {
-				fail(h, fmt.Sprintf("in doubt while its master answered the witness (its longest silence during the call %v, the process' %v)",
-					g.Round(time.Millisecond), w.gap("", h.start, gaveUp).Round(time.Millisecond)))
+			if why := waitedElsewhere(h, c.master, log); why != "" {
+				fail(h, why)
 				continue
 			}
-			openByStall[c] = true
+			openByExcused[c] = true
 			ex.excused++
 			ex.inDoubt[h.key]++
-		case notSent(h.err) && openByStall[c]:
+		case notSent(h.err) && openByExcused[c]:
 			ex.excused++
+		case strict && isClusterDown(h.err):
+			if why := refusedElsewhere(h, c.master, log); why != "" {
+				fail(h, why)
+				continue
+			}
+			ex.excused++
+			ex.down++
 		case strict:
 			fail(h, "failed other than by arriving late")
 		}
@@ -548,9 +634,64 @@ func judgeHealthyTakes(t *testing.T, takes []healthyTake, masterOf map[string]st
 		t.Errorf("... %d such requests in all", bad)
 	}
 	if ex.excused > 0 {
-		t.Logf("requests on healthy shards excused by a stall of the process or its master: %d (in doubt %v)", ex.excused, ex.inDoubt)
+		t.Logf("requests on healthy shards excused: %d, of which refused by their own master as the cluster was down %d, in doubt %v (their masters not having answered in time), the others failed by the circuits these opened",
+			ex.excused, ex.down, ex.inDoubt)
 	}
 	return ex
+}
+
+// waitedElsewhere returns why the call of h, in doubt, did not wait for
+// its master alone (see judgeHealthyTakes), or "" when it did.
+func waitedElsewhere(h healthyTake, master string, log *callLog) string {
+	sent, gaveUp := log.attempts(h.call, h.key)
+	if gaveUp.IsZero() {
+		return "in doubt, its call without a deadline"
+	}
+	var mine []attempt
+	for _, a := range sent {
+		if a.addr != master {
+			return fmt.Sprintf("in doubt, its call sent to %s as well as its master %s", a.addr, master)
+		}
+		mine = append(mine, a)
+	}
+	if len(mine) == 0 {
+		return fmt.Sprintf("in doubt, its call never sent to its master %s", master)
+	}
+	first := mine[0].start
+	if !first.Before(gaveUp) {
+		return fmt.Sprintf("in doubt, its call sent to its master %v after it started, once it had given up", first.Sub(h.start).Round(time.Millisecond))
+	}
+	if d, g := first.Sub(h.start), log.ticks.gap("", h.start, first); d > 2*g {
+		return fmt.Sprintf("in doubt, its call sent to its master %v after it started, while the process' ticks stopped for %v at most",
+			d.Round(time.Millisecond), g.Round(time.Millisecond))
+	}
+	return ""
+}
+
+// refusedElsewhere returns why the request h, failed with CLUSTERDOWN, is
+// not excused as its own master's refusal, or "" when it is: every
+// pipeline that carried it went to its master, and the last one got that
+// answer.
+func refusedElsewhere(h healthyTake, master string, log *callLog) string {
+	sent, _ := log.attempts(h.call, h.key)
+	if len(sent) == 0 {
+		return "failed with CLUSTERDOWN, its call never sent"
+	}
+	for _, a := range sent {
+		if a.addr != master {
+			return fmt.Sprintf("failed with CLUSTERDOWN, its call sent to %s as well as its master %s", a.addr, master)
+		}
+	}
+	if last := sent[len(sent)-1]; !isClusterDown(last.err) {
+		return fmt.Sprintf("failed with CLUSTERDOWN, though its master's last answer was %v", last.err)
+	}
+	return ""
+}
+
+// isClusterDown reports whether err carries a CLUSTERDOWN error reply.
+func isClusterDown(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "CLUSTERDOWN")
 }
 
 // notSent reports whether err is the store's refusal to send a call to a

@@ -29,13 +29,14 @@ import (
 // the healthy shards, and on the cut shard at least that and at most the
 // requests in doubt more.
 //
-// A loaded machine can leave this process unscheduled for longer than the
-// StoreTimeout, cut or not: a call to a healthy master then gets no answer
-// in time and is in doubt. As in TestFaultClusterMasterKilled, a witness
-// pinging each healthy master tells those apart (judgeHealthyTakes): such
-// a request is excused only when the witness got no answer from its master
-// for a quarter of the StoreTimeout while the call ran, and its key may
-// then hold it twice.
+// A loaded machine can delay a call to a healthy master past the
+// StoreTimeout, cut or not (the goroutines of the call and of its master's
+// proxy wait for a processor): the call is then in doubt. As in
+// TestFaultClusterMasterKilled, each call's own record tells those apart
+// (judgeHealthyTakes): such a request is excused only when every pipeline
+// that carried it went to its own master (through that master's proxy),
+// the first without a delay the process' scheduling does not account for,
+// and its key may then hold it twice.
 func TestFaultClusterProxyCut(t *testing.T) {
 	shards := redistest.WaitClusterOK(t, 30*time.Second)
 	require.Len(t, shards, 3)
@@ -48,15 +49,16 @@ func TestFaultClusterProxyCut(t *testing.T) {
 	}
 	victim := shards[1]
 	dialer := &net.Dialer{Timeout: faultIO}
+	calls := newCallLog(t)
 	newClient := func() *redis.ClusterClient {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 32,
+		c := redis.NewClusterClient(calls.trace(&redis.ClusterOptions{Addrs: addrs, PoolSize: 32,
 			DialTimeout: faultIO, ReadTimeout: faultIO, WriteTimeout: faultIO,
 			Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
 				if p := proxies[addr]; p != nil {
 					addr = p.Addr()
 				}
 				return dialer.DialContext(ctx, network, addr)
-			}})
+			}}))
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
@@ -89,7 +91,7 @@ func TestFaultClusterProxyCut(t *testing.T) {
 	mk := func(mode hybridlimit.Mode) *hybridlimit.Limiter {
 		nodes++
 		id := nodes
-		w := &watched{Store: newRedisStore(t, newClient())}
+		w := &watched{Store: newRedisStore(t, newClient()), calls: calls}
 		w.onPush = func(_, _ time.Time, bs []*store.Batch) {
 			for _, b := range bs {
 				if b.Status == store.InDoubt && onShard(victim, b.Group) {
@@ -97,7 +99,7 @@ func TestFaultClusterProxyCut(t *testing.T) {
 				}
 			}
 		}
-		w.onTake = func(start, end time.Time, rs []*store.TakeRequest) {
+		w.onTakeCall = func(call int64, start, end time.Time, rs []*store.TakeRequest) {
 			for _, r := range rs {
 				switch {
 				case isCut[r.Key]:
@@ -110,7 +112,7 @@ func TestFaultClusterProxyCut(t *testing.T) {
 						healthyLate.Add(1)
 					}
 					healthyMu.Lock()
-					healthyTakes = append(healthyTakes, healthyTake{node: id, key: r.Key, start: start, end: end, status: r.Status, err: r.Err, late: late})
+					healthyTakes = append(healthyTakes, healthyTake{node: id, key: r.Key, call: call, start: start, end: end, status: r.Status, err: r.Err, late: late})
 					healthyMu.Unlock()
 				}
 			}
@@ -123,9 +125,6 @@ func TestFaultClusterProxyCut(t *testing.T) {
 	asyncNodes := []*hybridlimit.Limiter{mk(hybridlimit.ModeAsync), mk(hybridlimit.ModeAsync)}
 	syncNodes := []*hybridlimit.Limiter{mk(hybridlimit.ModeSynchronous), mk(hybridlimit.ModeSynchronous)}
 	ctx := context.Background()
-	// The witness watches the warm-up too: a warm-up call in doubt opens
-	// its master's circuit for the node's next calls.
-	witness := watchMasters(t, []string{shards[0].Master, shards[2].Master})
 	for _, l := range append(append([]*hybridlimit.Limiter(nil), asyncNodes...), syncNodes...) {
 		for _, k := range append(append([]string(nil), asyncKeys...), syncKeys...) {
 			_, err := l.Peek(ctx, k) // slots known, connections open, scripts cached
@@ -163,14 +162,13 @@ func TestFaultClusterProxyCut(t *testing.T) {
 	time.Sleep(time.Second)
 	close(stop)
 	wg.Wait()
-	witness.stop()
 	closeAll(t, append(append([]*hybridlimit.Limiter(nil), asyncNodes...), syncNodes...), 10*time.Second)
 	end := time.Now()
 
 	assert.Zero(t, errs.Load(), "decisions returned errors")
 	// Every synchronous request on a healthy shard was applied or refused
-	// for arriving late, but those a stall of the process excuses.
-	stalled := judgeHealthyTakes(t, healthyTakes, masterOf, witness, true)
+	// for arriving late, but those their calls' own record excuses.
+	stalled := judgeHealthyTakes(t, healthyTakes, masterOf, calls, true)
 	assert.LessOrEqual(t, degradedHealthy.Load(), healthyLate.Load()+stalled.excused,
 		"synchronous decisions on healthy shards degraded beyond the requests that arrived late or that a stall excuses")
 	read := redistest.ClusterClient(t)

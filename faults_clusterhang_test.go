@@ -30,14 +30,14 @@ import (
 // cluster notices on a loaded machine does not make the healthy masters
 // answer CLUSTERDOWN (TestFaultClusterMasterKilled shows that case).
 //
-// A loaded machine can leave this process unscheduled for longer than the
-// StoreTimeout, hung master or not. As in TestFaultClusterMasterKilled, a
-// witness pinging each healthy master tells those stalls apart: a request
-// on a healthy master's key in doubt is excused only when the witness got
-// no answer from that master for a quarter of the StoreTimeout while the
-// call ran (judgeHealthyTakes), and a slow decision on such a key only
-// when the witness got none from its master, or the process' own ticks
-// stopped, for as long while it ran.
+// A loaded machine can delay a call past the StoreTimeout, hung master or
+// not. As in TestFaultClusterMasterKilled, a request on a healthy master's
+// key in doubt is excused only when its call's own record shows it waited
+// for that master and this process alone (judgeHealthyTakes); a witness
+// pinging each healthy master tells stalls apart from slow decisions: a
+// slow decision on a healthy key is excused only when the witness got no
+// answer from its master, or the process' own ticks stopped, for a
+// quarter of the StoreTimeout while it ran.
 func TestFaultClusterHungMasterSynchronous(t *testing.T) {
 	redistest.Destructive(t)
 	shards := redistest.WaitClusterOK(t, 30*time.Second)
@@ -45,8 +45,9 @@ func TestFaultClusterHungMasterSynchronous(t *testing.T) {
 	addrs := redistest.ClusterAddrs(t)
 	setCoverage(t, addrs, "no")
 	t.Cleanup(func() { setCoverage(t, addrs, "yes") })
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 32,
-		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+	calls := newCallLog(t)
+	c := redis.NewClusterClient(calls.trace(&redis.ClusterOptions{Addrs: addrs, PoolSize: 32,
+		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second}))
 	t.Cleanup(func() { _ = c.Close() })
 
 	var healthy, hung []string
@@ -65,11 +66,11 @@ func TestFaultClusterHungMasterSynchronous(t *testing.T) {
 	// Every request on a healthy master's key, judged after the hang.
 	var takesMu sync.Mutex
 	var takes []healthyTake
-	st := &watched{Store: newRedisStore(t, c), onTake: func(start, end time.Time, reqs []*store.TakeRequest) {
+	st := &watched{Store: newRedisStore(t, c), calls: calls, onTakeCall: func(call int64, start, end time.Time, reqs []*store.TakeRequest) {
 		for _, r := range reqs {
 			if masterOf[r.Key] != "" {
 				takesMu.Lock()
-				takes = append(takes, healthyTake{node: 1, key: r.Key, start: start, end: end, status: r.Status, err: r.Err,
+				takes = append(takes, healthyTake{node: 1, key: r.Key, call: call, start: start, end: end, status: r.Status, err: r.Err,
 					late: errors.Is(r.Err, store.ErrDeadline)})
 				takesMu.Unlock()
 			}
@@ -129,7 +130,7 @@ func TestFaultClusterHungMasterSynchronous(t *testing.T) {
 		good.n.Load(), good.degraded.Load(), &good, bad.n.Load(), bad.degraded.Load(), &bad)
 	// Every request on a healthy master's key was applied or refused for
 	// its deadline, but those a stall excuses.
-	judgeHealthyTakes(t, takes, masterOf, witness, true)
+	judgeHealthyTakes(t, takes, masterOf, calls, true)
 	excused, waited := 0, 0
 	for _, d := range slow {
 		g := max(witness.gap("", d.start, d.end), witness.gap(masterOf[d.key], d.start, d.end))
@@ -151,4 +152,79 @@ func TestFaultClusterHungMasterSynchronous(t *testing.T) {
 	assert.Positive(t, bad.degraded.Load(), "decisions on the hung master's keys")
 	assert.Less(t, time.Duration(bad.worst.Load()), 2*timeout+500*time.Millisecond,
 		"a decision on the hung master's key waited past the StoreTimeout and one batch")
+}
+
+// masterWitness pings masters, each through a client of its own, one ping
+// at a time with 5 ms between them, and records when each answer
+// came: a master with no answer for a long time was not reached by any
+// client of this process, the machine holding the process or the server.
+type masterWitness struct {
+	mu      sync.Mutex
+	answers map[string][]time.Time
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func watchMasters(t *testing.T, addrs []string) *masterWitness {
+	w := &masterWitness{answers: map[string][]time.Time{}, done: make(chan struct{})}
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1, PoolSize: 1, ReadTimeout: 10 * time.Second})
+		t.Cleanup(func() { _ = c.Close() })
+		w.wg.Go(func() {
+			for {
+				select {
+				case <-w.done:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				if c.Ping(context.Background()).Err() == nil {
+					w.mu.Lock()
+					w.answers[a] = append(w.answers[a], time.Now())
+					w.mu.Unlock()
+				}
+			}
+		})
+	}
+	w.wg.Go(func() {
+		for {
+			select {
+			case <-w.done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			w.mu.Lock()
+			w.answers[""] = append(w.answers[""], time.Now())
+			w.mu.Unlock()
+		}
+	})
+	t.Cleanup(w.stop)
+	return w
+}
+
+func (w *masterWitness) stop() {
+	select {
+	case <-w.done:
+	default:
+		close(w.done)
+	}
+	w.wg.Wait()
+}
+
+// gap returns the longest time from from to to without an answer from
+// addr ("" for the process' own ticks).
+func (w *masterWitness) gap(addr string, from, to time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	last, longest := from, time.Duration(0)
+	for _, at := range w.answers[addr] {
+		if at.Before(from) {
+			continue
+		}
+		if at.After(to) {
+			break
+		}
+		longest = max(longest, at.Sub(last))
+		last = at
+	}
+	return max(longest, to.Sub(last))
 }

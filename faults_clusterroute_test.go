@@ -40,10 +40,15 @@ func (s *routeSide) String() string {
 }
 
 // routeClient returns a Redis Cluster client with the fault tests'
-// timeouts, closed when the test ends.
-func routeClient(t *testing.T) *redis.ClusterClient {
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), PoolSize: 32,
-		DialTimeout: faultIO, ReadTimeout: faultIO, WriteTimeout: faultIO})
+// timeouts, closed when the test ends, whose Takes calls records (when
+// not nil).
+func routeClient(t *testing.T, calls *callLog) *redis.ClusterClient {
+	o := &redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), PoolSize: 32,
+		DialTimeout: faultIO, ReadTimeout: faultIO, WriteTimeout: faultIO}
+	if calls != nil {
+		calls.trace(o)
+	}
+	c := redis.NewClusterClient(o)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -74,9 +79,10 @@ func waitGoroutines(t *testing.T, before int) int {
 // plus 2 s, as in TestFaultClusterMasterKilled); no goroutine is left
 // once the limiter and its client are closed. A request on a healthy
 // master's key in doubt (or failed by the circuit it opened) is excused
-// only when a witness pinging that master got no answer for a quarter of
-// the StoreTimeout during the call, as in TestFaultClusterMasterKilled: a
-// loaded machine can stall the process past the StoreTimeout.
+// only when its call's own record shows it waited for that master and
+// this process alone, as in TestFaultClusterMasterKilled
+// (judgeHealthyTakes): a loaded machine can delay a call past the
+// StoreTimeout.
 func TestFaultClusterRouteMasterKilled(t *testing.T) {
 	redistest.Destructive(t)
 	shards := redistest.WaitClusterOK(t, 30*time.Second)
@@ -86,7 +92,8 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 	t.Cleanup(func() { setCoverage(t, addrs, "yes") })
 	victim := shards[1]
 	before := runtime.NumGoroutine()
-	c := routeClient(t)
+	calls := newCallLog(t)
+	c := routeClient(t, calls)
 
 	var keys, healthy []string
 	killedKey := map[string]bool{}
@@ -109,7 +116,7 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 	var healthyMu sync.Mutex
 	var healthyTakes []healthyTake // from the warm-up on
 	rs := newRedisStore(t, c)
-	st := &watched{Store: rs, onTake: func(start, end time.Time, reqs []*store.TakeRequest) {
+	st := &watched{Store: rs, calls: calls, onTakeCall: func(call int64, start, end time.Time, reqs []*store.TakeRequest) {
 		for _, r := range reqs {
 			switch {
 			case !killedKey[r.Key]:
@@ -118,7 +125,7 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 					healthyLate.Add(1)
 				}
 				healthyMu.Lock()
-				healthyTakes = append(healthyTakes, healthyTake{node: 1, key: r.Key, start: start, end: end, status: r.Status, err: r.Err, late: late})
+				healthyTakes = append(healthyTakes, healthyTake{node: 1, key: r.Key, call: call, start: start, end: end, status: r.Status, err: r.Err, late: late})
 				healthyMu.Unlock()
 			case !trafficOn.Load():
 			case r.Status == store.Applied:
@@ -145,7 +152,6 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	witness := watchMasters(t, []string{shards[0].Master, shards[2].Master})
 	admitted := newTally(keys)
 	warmUp(t, l, keys, admitted)
 
@@ -180,7 +186,7 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 	redistest.ServerAt(t, victim.Master).Kill()
 	goneAt.Store(time.Now().UnixNano())
 
-	probe := routeClient(t)
+	probe := routeClient(t, nil)
 	var failover time.Duration
 	for deadline := kill.Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if failover == 0 {
@@ -198,7 +204,6 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // traffic on the promoted replica
 	close(stop)
 	wg.Wait()
-	witness.stop()
 	// The killed master's keys now have their own route, apart from the
 	// healthy masters' ones.
 	for _, k := range healthy {
@@ -220,7 +225,7 @@ func TestFaultClusterRouteMasterKilled(t *testing.T) {
 	bound := 3*failover + 2*time.Second
 	assert.True(t, recovered.Load() != 0 && rec <= bound, "decisions on the killed master's keys applied again after %v, want within %v", rec, bound)
 	assert.LessOrEqual(t, last, bound, "decisions on the killed master's keys failed %v after the kill, want within %v", last, bound)
-	stalled := judgeHealthyTakes(t, healthyTakes, masterOf, witness, true)
+	stalled := judgeHealthyTakes(t, healthyTakes, masterOf, calls, true)
 	assert.LessOrEqual(t, good.degraded.Load(), healthyLate.Load()+stalled.excused,
 		"decisions on the healthy masters' keys Degraded beyond the late requests and those a stall excuses")
 	for _, s := range []*routeSide{&good, &bad} {
@@ -253,7 +258,7 @@ func TestFaultClusterRouteSlotMigration(t *testing.T) {
 	moving := keysOnShard(src, "m", 3)
 	others := append(keysOnShard(dst, "d", 3), keysOnShard(shards[2], "o", 3)...)
 	keys := append(append([]string(nil), moving...), others...)
-	c := routeClient(t)
+	c := routeClient(t, nil)
 	rs := newRedisStore(t, c)
 	var inDoubt, failed atomic.Int64
 	st := &watched{Store: rs, onTake: func(_, end time.Time, reqs []*store.TakeRequest) {
@@ -364,7 +369,7 @@ func TestFaultClusterRouteCloseWhileHung(t *testing.T) {
 	setCoverage(t, addrs, "no")
 	t.Cleanup(func() { setCoverage(t, addrs, "yes") })
 	before := runtime.NumGoroutine()
-	c := routeClient(t)
+	c := routeClient(t, nil)
 	hung := keysOnShard(shards[1], "h", 4)
 	healthy := append(keysOnShard(shards[0], "g", 2), keysOnShard(shards[2], "g", 2)...)
 	l, err := hybridlimit.New(faultConfig(hybridlimit.ModeSynchronous, newRedisStore(t, c), "", redistest.Prefix(t), 1<<40))
@@ -458,7 +463,7 @@ func TestFaultClusterRouteFreshKeysBesideHungMaster(t *testing.T) {
 	addrs := redistest.ClusterAddrs(t)
 	setCoverage(t, addrs, "no")
 	t.Cleanup(func() { setCoverage(t, addrs, "yes") })
-	c := routeClient(t)
+	c := routeClient(t, nil)
 	hung := keysOnShard(shards[1], "h", 4)
 	fresh := append(keysOnShard(shards[0], "f", 300), keysOnShard(shards[2], "f", 300)...)
 	l, err := hybridlimit.New(faultConfig(hybridlimit.ModeSynchronous, newRedisStore(t, c), "", redistest.Prefix(t), 1<<40))

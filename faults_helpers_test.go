@@ -56,11 +56,16 @@ func faultClient(t *testing.T, addr string) *redis.Client {
 }
 
 // watched wraps a Store and reports every Push and Take to the test, with
-// the call's start and end, after the inner store set the results.
+// the call's start and end, after the inner store set the results. With
+// calls set, each Take's context carries a number of its own, under which
+// calls records the pipelines the Take sends (callLog), and onTakeCall
+// gets that number in place of onTake.
 type watched struct {
 	store.Store
-	onPush func(start, end time.Time, batches []*store.Batch)
-	onTake func(start, end time.Time, reqs []*store.TakeRequest)
+	onPush     func(start, end time.Time, batches []*store.Batch)
+	onTake     func(start, end time.Time, reqs []*store.TakeRequest)
+	calls      *callLog
+	onTakeCall func(call int64, start, end time.Time, reqs []*store.TakeRequest)
 }
 
 func (w *watched) Push(ctx context.Context, batches []*store.Batch) error {
@@ -73,9 +78,16 @@ func (w *watched) Push(ctx context.Context, batches []*store.Batch) error {
 }
 
 func (w *watched) Take(ctx context.Context, reqs []*store.TakeRequest) error {
+	var call int64
+	if w.calls != nil {
+		ctx, call = w.calls.begin(ctx)
+	}
 	start := time.Now()
 	err := w.Store.Take(ctx, reqs)
-	if w.onTake != nil {
+	switch {
+	case w.onTakeCall != nil:
+		w.onTakeCall(call, start, time.Now(), reqs)
+	case w.onTake != nil:
 		w.onTake(start, time.Now(), reqs)
 	}
 	return err
