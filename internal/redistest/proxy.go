@@ -3,6 +3,7 @@ package redistest
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -13,9 +14,10 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
+	drop atomic.Bool // discard the server's replies
+
 	mu    sync.Mutex
 	down  bool
-	drop  bool // discard the server's replies
 	conns map[net.Conn]bool
 }
 
@@ -53,55 +55,65 @@ func (p *Proxy) Down() {
 // Up accepts connections again and forwards replies again.
 func (p *Proxy) Up() {
 	p.mu.Lock()
-	p.down, p.drop = false, false
+	p.down = false
+	p.drop.Store(false)
 	p.mu.Unlock()
 }
 
 // DropReplies keeps forwarding commands to the server but discards its
 // replies, until Up: the server executes what it is sent, and the client
 // never learns it did (a reply lost on the way).
-func (p *Proxy) DropReplies() {
-	p.mu.Lock()
-	p.drop = true
-	p.mu.Unlock()
-}
+func (p *Proxy) DropReplies() { p.drop.Store(true) }
 
-func (p *Proxy) dropping() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.drop
-}
-
+// serve accepts connections and connects each to the target in a
+// goroutine of its own: neither a slow dial nor the lock held while
+// dialing delays the other connections' traffic or their accepting.
 func (p *Proxy) serve() {
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
 			return
 		}
-		p.mu.Lock()
-		if p.down {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		s, err := net.DialTimeout("tcp", p.target, time.Second)
-		if err != nil {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		p.conns[c], p.conns[s] = true, true
-		p.mu.Unlock()
-		go p.pipe(c, s, true)
-		go p.pipe(s, c, false)
+		go p.connect(c)
 	}
+}
+
+// connect dials the target for the client connection c and forwards
+// between the two, unless the proxy is down before or after the dial.
+func (p *Proxy) connect(c net.Conn) {
+	if p.isDown() {
+		_ = c.Close()
+		return
+	}
+	s, err := net.DialTimeout("tcp", p.target, time.Second)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	p.mu.Lock()
+	if p.down { // Down ran during the dial: it closed what it knew
+		p.mu.Unlock()
+		_ = c.Close()
+		_ = s.Close()
+		return
+	}
+	p.conns[c], p.conns[s] = true, true
+	p.mu.Unlock()
+	go p.pipe(c, s, true)
+	go p.pipe(s, c, false)
+}
+
+func (p *Proxy) isDown() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.down
 }
 
 func (p *Proxy) pipe(dst, src net.Conn, replies bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && !(replies && p.dropping()) {
+		if n > 0 && !(replies && p.drop.Load()) {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				break
 			}
