@@ -1,7 +1,9 @@
 package store
 
 import (
+	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,4 +63,72 @@ func TestRouteNumbersAreRecycled(t *testing.T) {
 		r := s.Route("hl", fmt.Sprint(i))
 		assert.True(t, r >= 1 && r <= masters+1, "key %d on route %d", i, r)
 	}
+}
+
+// TestRouteSweepFreesAFailedMastersNumber: a failover gives a master's
+// slots to a new address. The calls that follow note the new master for
+// the slots they go to; the slots no call goes to are noted again from
+// the client's slot map when the new master is first seen, so the failed
+// master's number and circuit are freed at once, not when every one of
+// its slots sees a call again. The slot map comes from
+// ClusterOptions.ClusterSlots: no server is needed.
+func TestRouteSweepFreesAFailedMastersNumber(t *testing.T) {
+	var masters atomic.Pointer[[3]string]
+	masters.Store(&[3]string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"})
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+			m := masters.Load()
+			var out []redis.ClusterSlot
+			for i, a := range m {
+				out = append(out, redis.ClusterSlot{Start: i * Slots / 3, End: (i+1)*Slots/3 - 1, Nodes: []redis.ClusterNode{{Addr: a}}})
+			}
+			return out, nil
+		},
+	})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := NewRedis(c, RedisOptions{BreakerMin: time.Millisecond, BreakerMax: time.Second})
+	require.NoError(t, err)
+	// Keys on slots of every master, as calls would note them.
+	var keys []string
+	for i := range 300 {
+		k := fmt.Sprint("k", i)
+		keys = append(keys, k)
+		require.NotEmpty(t, s.server(context.Background(), Slot(k)))
+	}
+	routeOf := func(k string) int { return s.Route("hl", k) }
+	second := []string{} // the keys of the second master's slots
+	for _, k := range keys {
+		if g := Slot(k); g >= Slots/3 && g < 2*Slots/3 {
+			second = append(second, k)
+		}
+	}
+	require.NotEmpty(t, second)
+	old := routeOf(second[0])
+	s.breaker.done("10.0.0.2:6379", time.Now(), false) // the failed master's circuit
+
+	// The second master fails over to a new address; one call, on the
+	// first of its keys, meets the new master.
+	masters.Store(&[3]string{"10.0.0.1:6379", "10.0.0.9:6379", "10.0.0.3:6379"})
+	c.ReloadState(context.Background())
+	require.Eventually(t, func() bool {
+		m, err := c.MasterForKey(context.Background(), "{"+slotTag(Slot(second[0]))+"}")
+		return err == nil && m.Options().Addr == "10.0.0.9:6379"
+	}, 10*time.Second, time.Millisecond)
+	require.Equal(t, "10.0.0.9:6379", s.server(context.Background(), Slot(second[0])))
+
+	moved := routeOf(second[0])
+	assert.NotEqual(t, old, moved)
+	for _, k := range second {
+		assert.Equal(t, moved, routeOf(k), "key %q, its slot idle since the failover: route", k)
+	}
+	s.routeMu.Lock()
+	_, kept := s.routeIdx["10.0.0.2:6379"]
+	n := len(s.routeIdx)
+	s.routeMu.Unlock()
+	assert.False(t, kept, "the failed master's number is still in use")
+	assert.Equal(t, 3, n, "masters with a number")
+	s.breaker.mu.Lock()
+	_, circuit := s.breaker.nodes["10.0.0.2:6379"]
+	s.breaker.mu.Unlock()
+	assert.False(t, circuit, "the failed master's circuit is kept")
 }
