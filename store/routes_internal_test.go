@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -21,9 +22,12 @@ import (
 // serves none, and the synchronous mode's queues (maxRoutes, 64) are
 // never shared while the cluster has at most 64 masters. The slot map of
 // each generation is fed as the store learns it from the client
-// (noteRoute); no server is needed.
+// (noteRoute); no server is needed, and the client has no slot map of
+// its own (so a new master's sweep of the slots stops at once).
 func TestRouteNumbersAreRecycled(t *testing.T) {
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	c := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+		return nil, errors.New("no slot map")
+	}})
 	t.Cleanup(func() { _ = c.Close() })
 	s, err := NewRedis(c, RedisOptions{BreakerMin: time.Millisecond, BreakerMax: time.Second})
 	require.NoError(t, err)
