@@ -619,7 +619,7 @@ func judgeHealthyTakes(t *testing.T, takes []healthyTake, masterOf map[string]st
 			ex.inDoubt[h.key]++
 		case notSent(h.err) && openByExcused[c]:
 			ex.excused++
-		case strict && isClusterDown(h.err):
+		case strict && redis.IsClusterDownError(h.err):
 			if why := refusedElsewhere(h, c.master, log); why != "" {
 				fail(h, why)
 				continue
@@ -644,20 +644,16 @@ func judgeHealthyTakes(t *testing.T, takes []healthyTake, masterOf map[string]st
 // its master alone (see judgeHealthyTakes), or "" when it did.
 func waitedElsewhere(h healthyTake, master string, log *callLog) string {
 	sent, gaveUp := log.attempts(h.call, h.key)
-	if gaveUp.IsZero() {
+	switch {
+	case gaveUp.IsZero():
 		return "in doubt, its call without a deadline"
-	}
-	var mine []attempt
-	for _, a := range sent {
-		if a.addr != master {
-			return fmt.Sprintf("in doubt, its call sent to %s as well as its master %s", a.addr, master)
-		}
-		mine = append(mine, a)
-	}
-	if len(mine) == 0 {
+	case len(sent) == 0:
 		return fmt.Sprintf("in doubt, its call never sent to its master %s", master)
 	}
-	first := mine[0].start
+	if other := otherMaster(sent, master); other != "" {
+		return fmt.Sprintf("in doubt, its call sent to %s as well as its master %s", other, master)
+	}
+	first := sent[0].start
 	if !first.Before(gaveUp) {
 		return fmt.Sprintf("in doubt, its call sent to its master %v after it started, once it had given up", first.Sub(h.start).Round(time.Millisecond))
 	}
@@ -677,21 +673,24 @@ func refusedElsewhere(h healthyTake, master string, log *callLog) string {
 	if len(sent) == 0 {
 		return "failed with CLUSTERDOWN, its call never sent"
 	}
-	for _, a := range sent {
-		if a.addr != master {
-			return fmt.Sprintf("failed with CLUSTERDOWN, its call sent to %s as well as its master %s", a.addr, master)
-		}
+	if other := otherMaster(sent, master); other != "" {
+		return fmt.Sprintf("failed with CLUSTERDOWN, its call sent to %s as well as its master %s", other, master)
 	}
-	if last := sent[len(sent)-1]; !isClusterDown(last.err) {
+	if last := sent[len(sent)-1]; !redis.IsClusterDownError(last.err) {
 		return fmt.Sprintf("failed with CLUSTERDOWN, though its master's last answer was %v", last.err)
 	}
 	return ""
 }
 
-// isClusterDown reports whether err carries a CLUSTERDOWN error reply.
-func isClusterDown(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "CLUSTERDOWN")
+// otherMaster returns the address of the first pipeline in sent that went
+// to a server other than master, or "".
+func otherMaster(sent []attempt, master string) string {
+	for _, a := range sent {
+		if a.addr != master {
+			return a.addr
+		}
+	}
+	return ""
 }
 
 // notSent reports whether err is the store's refusal to send a call to a
