@@ -291,11 +291,13 @@ func serverCPU(b *testing.B, rdb *redis.Client) time.Duration {
 // real sync loop: a ModeAsync limiter with Manual set, whose keys were all
 // touched since the last cycle, runs one Sync per iteration. Beside it, in
 // the same run, plain command shapes (benchSyncPipeline, benchSyncMulti,
-// benchSyncHash) and the candidate at-most-once shapes without Lua
-// (benchSyncWatchHash, benchSyncWatchSlots). One op is one cycle over all
-// the keys; the figure to compare is keys/s, and, steadier on a loaded
-// machine, the CPU time each side spends per key (client-cpu-ns/key:
-// this process, getrusage; server-cpu-ns/key: INFO cpu).
+// benchSyncHash), the candidate at-most-once shapes without Lua
+// (benchSyncWatchHash, benchSyncWatchSlots) and the push script's shapes
+// (benchSyncScriptSlots, benchSyncScriptLanes, benchSyncScriptBulk). One
+// op is one cycle over all the keys; the figure to compare is keys/s, and,
+// steadier on a loaded machine, the CPU time each side spends per key
+// (client-cpu-ns/key: this process, getrusage; server-cpu-ns/key: INFO
+// cpu).
 //
 // Each benchmark first unlinks the keys the earlier ones left (dropSyncKeys):
 // left to expire, a million of them expired during later benchmarks, and
@@ -344,6 +346,10 @@ func BenchmarkSync(b *testing.B) {
 		b.Run(fmt.Sprintf("impl=script-lanes-hash/keys=%s", count(nkeys)), func(b *testing.B) {
 			dropSyncKeys(b)
 			benchSyncScriptLanes(b, nkeys, true)
+		})
+		b.Run(fmt.Sprintf("impl=script-bulk-hash/keys=%s", count(nkeys)), func(b *testing.B) {
+			dropSyncKeys(b)
+			benchSyncScriptBulk(b, nkeys)
 		})
 	}
 }
@@ -850,6 +856,79 @@ func benchSyncScriptLanes(b *testing.B, nkeys int, hash bool) {
 				keys[1+k], argv[3+k] = counters[i], 1
 			}
 			cmds = append(cmds, slotPushScript.Eval(ctx, pipe, keys, argv...))
+		}
+		return execReplies(ctx, pipe, cmds)
+	}
+	run := func(ctx context.Context) {
+		seq++
+		eachLane(b, ctx, lanes, push)
+	}
+	runSyncShape(b, nkeys, run)
+}
+
+// bulkPushScript is an at-most-once push whose Redis calls are per hash,
+// not per counter: the counters of a call are fields of one hash, read
+// with one HMGET, written back with one HSET (the script runs atomically,
+// so read, add and write is an increment), and the hash's expiry set once.
+//
+//	KEYS: the marker, the hash; ARGV: seq, marker TTL (ms), the hash's
+//	expiry (Unix ms), then the fields, then their deltas
+var bulkPushScript = redis.NewScript(`
+local seq = tonumber(ARGV[1])
+local dup = (tonumber(redis.call('GET', KEYS[1]) or '0') or 0) >= seq
+local n = (#ARGV - 3) / 2
+local cur = redis.call('HMGET', KEYS[2], unpack(ARGV, 4, 3 + n))
+local out = {dup and 1 or 0}
+if dup then
+  for i = 1, n do out[i + 1] = tonumber(cur[i] or '0') end
+  return out
+end
+local set = {}
+for i = 1, n do
+  local v = (tonumber(cur[i] or '0') or 0) + tonumber(ARGV[3 + n + i])
+  set[2 * i - 1], set[2 * i] = ARGV[3 + i], v
+  out[i + 1] = v
+end
+redis.call('HSET', KEYS[2], unpack(set))
+redis.call('PEXPIREAT', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], seq, 'PX', ARGV[2])
+return out
+`)
+
+// benchSyncScriptBulk is bulkPushScript called as the Redis store calls
+// its push: the counters of a window as fields of 4 hashes (by slot), one
+// per lane, each lane's counters in calls of 512, a lane's calls
+// pipelined on its own connection, the 4 lanes at once.
+func benchSyncScriptBulk(b *testing.B, nkeys int) {
+	c := syncClient(b)
+	prefix := redistest.Prefix(b)
+	const lanes, batch = 4, 512
+	names := keyNames(nkeys)
+	win := time.Now().UnixMilli() / 60000
+	expireAt := (win+2)*60000 + 60000
+	hashes := make([]string, lanes)
+	bylane := make([][]int, lanes)
+	for lane := range hashes {
+		hashes[lane] = prefix + ":{" + strconv.Itoa(lane) + "}:60000:" + strconv.FormatInt(win, 10)
+	}
+	for i, k := range names {
+		lane := store.Slot(k) % lanes
+		bylane[lane] = append(bylane[lane], i)
+	}
+	var seq int64
+	push := func(ctx context.Context, lane int) error {
+		pipe := c.Pipeline()
+		var cmds []*redis.Cmd
+		items := bylane[lane]
+		for from := 0; from < len(items); from += batch {
+			part := items[from:min(from+batch, len(items))]
+			keys := []string{prefix + ":m:" + strconv.Itoa(lane) + ":" + strconv.Itoa(from), hashes[lane]}
+			argv := make([]any, 3+2*len(part))
+			argv[0], argv[1], argv[2] = seq, 600000, expireAt
+			for k, i := range part {
+				argv[3+k], argv[3+len(part)+k] = names[i], 1
+			}
+			cmds = append(cmds, bulkPushScript.Eval(ctx, pipe, keys, argv...))
 		}
 		return execReplies(ctx, pipe, cmds)
 	}
