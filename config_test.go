@@ -113,6 +113,7 @@ func TestInputErrors(t *testing.T) {
 	ctx := t.Context()
 	_, err := l.Allow(ctx, "")
 	assert.ErrorIs(t, err, ErrEmptyKey)
+	assert.EqualError(t, err, "hybridlimit: empty key; want 1 to Config.MaxKeyLen (8) bytes")
 	_, err = l.Allow(ctx, "123456789")
 	assert.EqualError(t, err, "hybridlimit: key of 9 bytes exceeds Config.MaxKeyLen 8")
 	assert.ErrorIs(t, err, ErrKeyTooLong)

@@ -76,7 +76,8 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // (shared with concurrent decisions) and returns ctx's error if ctx is done
 // before it starts. The error is non-nil only for invalid input (an empty or
 // oversized key, n < 1 or n above what some rule of the key's tier admits at
-// once: its Limit, or a bucket's Burst), after Close, or for a done ctx;
+// once: its Limit, or a bucket's Burst; a tier named by Config.TierOf that
+// is not in Config.Tiers), after Close, or for a done ctx;
 // store failures are decided by the FailurePolicy and reported in
 // Result.Degraded.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (res Result, err error) {
@@ -203,7 +204,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error
 		res, err := l.AllowN(ctx, key, n)
 		if err == nil && res.Allowed && res.Delay > 0 {
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < res.Delay {
-				return res, fmt.Errorf("hybridlimit: WaitN(n=%d) was admitted with a delay of %v, past the context deadline", n, res.Delay)
+				return res, fmt.Errorf("hybridlimit: a request of cost %d was admitted with a delay of %v, past the context deadline", n, res.Delay)
 			}
 			return res, l.sleep(ctx, res.Delay)
 		}
@@ -212,7 +213,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error
 		}
 		wait := max(res.RetryAfter, time.Microsecond)
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait { // deadlines are wall-clock time
-			return res, fmt.Errorf("hybridlimit: WaitN(n=%d) would wait %v, past the context deadline", n, wait)
+			return res, fmt.Errorf("hybridlimit: a request of cost %d would wait %v, past the context deadline", n, wait)
 		}
 		t := l.cfg.Clock.Timer(wait)
 		select {
@@ -294,7 +295,7 @@ func (l *Limiter) TierState(ctx context.Context, key, tier string, dst []RuleSta
 	}
 	t := l.byName[tier]
 	if t == nil {
-		return dst, &inputError{fmt.Sprintf("hybridlimit: TierState: tier %q is not in Config.Tiers", tier), ErrUnknownTier}
+		return dst, &inputError{fmt.Sprintf("hybridlimit: TierState: tier %q is not in Config.Tiers; want one of %q", tier, l.Tiers()), ErrUnknownTier}
 	}
 	return l.state(t, key, dst), nil
 }

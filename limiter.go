@@ -3,9 +3,11 @@
 // lock-free table (sliding, fixed or bucketed windows, an exact log, a
 // token or a leaky bucket), in nanoseconds and without allocating. In
 // ModeAsync a background loop pushes the node's increments to a shared
-// store (Redis: INCRBY in one script per batch, applied at most once) and
-// pulls the merged cluster counts back every SyncRate, and between syncs
-// each node spends only its share of what is left; in ModeSynchronous
+// store (Redis: INCRBY in one script per batch, which a call applies at
+// most once and the loop sends until one has: exactly once, see
+// docs/failures.md) and pulls the merged cluster counts back every
+// SyncRate, and between syncs each node spends only its share of what is
+// left; in ModeSynchronous
 // every decision is one atomic round trip to the store; ModeLocal needs no
 // store.
 //

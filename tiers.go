@@ -110,7 +110,7 @@ func (l *Limiter) keyError(key string) error {
 	case l.closed.Load():
 		return ErrClosed
 	case len(key) == 0:
-		return ErrEmptyKey
+		return &inputError{fmt.Sprintf("hybridlimit: empty key; want 1 to Config.MaxKeyLen (%d) bytes", l.cfg.MaxKeyLen), ErrEmptyKey}
 	}
 	return &inputError{fmt.Sprintf("hybridlimit: key of %d bytes exceeds Config.MaxKeyLen %d", len(key), l.cfg.MaxKeyLen), ErrKeyTooLong}
 }

@@ -40,6 +40,7 @@ func TestTierState(t *testing.T) {
 	_, err = l.TierState(ctx, "k", "gold", nil)
 	assert.ErrorIs(t, err, hybridlimit.ErrUnknownTier)
 	assert.ErrorContains(t, err, `"gold"`)
+	assert.ErrorContains(t, err, "want one of", "the error lists the tiers")
 	_, err = l.TierState(ctx, "", "", nil)
 	assert.ErrorIs(t, err, hybridlimit.ErrEmptyKey)
 	require.NoError(t, l.Close(ctx))

@@ -29,6 +29,7 @@ func TestWaitNDeadlineBeforeProceeding(t *testing.T) {
 		dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		res, err := l.WaitN(dctx, "k", 1)
 		cancel()
+		assert.ErrorContains(t, err, "a request of cost 1 ", "%v", r)
 		assert.ErrorContains(t, err, "past the context deadline", "%v", r)
 		assert.NotErrorIs(t, err, context.DeadlineExceeded, "%v: WaitN waited for the deadline", r)
 		assert.Equal(t, r.Type == LeakyBucket, res.Allowed, "%v", r)

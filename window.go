@@ -95,8 +95,10 @@ type Rule struct {
 	// 1µs).
 	Limit int64
 	// Window is the window size: a whole number of milliseconds from 1ms
-	// to MaxWindow, and in ModeAsync, for a Sliding or Fixed rule, at
-	// least Config.SyncRate. Windows are aligned to multiples of Window
+	// to MaxWindow, and in ModeAsync at least Config.SyncRate for a
+	// Sliding or Fixed rule, Buckets × Config.SyncRate for a Bucketed
+	// rule (each bucket at least Config.SyncRate), and 2 × Config.SyncRate
+	// for a Log rule. Windows are aligned to multiples of Window
 	// since the Unix epoch (a day window starts at 00:00 UTC).
 	Window time.Duration
 	// Type is the algorithm: Sliding (the default), Fixed, Bucketed, Log,

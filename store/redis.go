@@ -134,8 +134,11 @@ func NewRedis(c redis.UniversalClient, o RedisOptions) (*Redis, error) {
 	if o.WaitReplicas > 0 && o.WaitTimeout == 0 {
 		o.WaitTimeout = 50 * time.Millisecond
 	}
-	if o.WaitTimeout != 0 && (o.WaitReplicas == 0 || o.WaitTimeout < time.Millisecond || o.WaitTimeout > 10*time.Second) {
-		return nil, fmt.Errorf("store: RedisOptions.WaitTimeout is %v, want 1ms to 10s with WaitReplicas set", o.WaitTimeout)
+	if o.WaitTimeout != 0 && o.WaitReplicas == 0 {
+		return nil, fmt.Errorf("store: RedisOptions.WaitTimeout is %v with WaitReplicas 0: WaitTimeout applies only with WaitReplicas set (1 or more)", o.WaitTimeout)
+	}
+	if o.WaitTimeout != 0 && (o.WaitTimeout < time.Millisecond || o.WaitTimeout > 10*time.Second) {
+		return nil, fmt.Errorf("store: RedisOptions.WaitTimeout is %v, want 1ms to 10s", o.WaitTimeout)
 	}
 	if _, ok := c.(*redis.ClusterClient); ok && o.WaitReplicas > 0 {
 		return nil, errors.New("store: RedisOptions.WaitReplicas is set, but a Redis Cluster client cannot send WAIT to the master that ran a pipeline; use it with a standalone or Sentinel (failover) client")
