@@ -293,7 +293,7 @@ func serverCPU(b *testing.B, rdb *redis.Client) time.Duration {
 // the same run, plain command shapes (benchSyncPipeline, benchSyncMulti,
 // benchSyncHash), the candidate at-most-once shapes without Lua
 // (benchSyncWatchHash, benchSyncWatchSlots) and the push script's shapes
-// (benchSyncScriptSlots, benchSyncScriptLanes, benchSyncScriptBulk). One
+// (benchSyncScriptSlots, benchSyncScriptLanes). One
 // op is one cycle over all the keys; the figure to compare is keys/s, and,
 // steadier on a loaded machine, the CPU time each side spends per key
 // (client-cpu-ns/key: this process, getrusage; server-cpu-ns/key: INFO
@@ -341,15 +341,15 @@ func BenchmarkSync(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("impl=script-lanes/keys=%s", count(nkeys)), func(b *testing.B) {
 			dropSyncKeys(b)
-			benchSyncScriptLanes(b, nkeys, false)
+			benchSyncScriptLanes(b, nkeys, pushKeys)
 		})
 		b.Run(fmt.Sprintf("impl=script-lanes-hash/keys=%s", count(nkeys)), func(b *testing.B) {
 			dropSyncKeys(b)
-			benchSyncScriptLanes(b, nkeys, true)
+			benchSyncScriptLanes(b, nkeys, pushHash)
 		})
 		b.Run(fmt.Sprintf("impl=script-bulk-hash/keys=%s", count(nkeys)), func(b *testing.B) {
 			dropSyncKeys(b)
-			benchSyncScriptBulk(b, nkeys)
+			benchSyncScriptLanes(b, nkeys, pushBulk)
 		})
 	}
 }
@@ -807,13 +807,21 @@ if not dup then redis.call('SET', KEYS[1], seq, 'PX', ARGV[2]) end
 return out
 `)
 
+// pushShape is a layout of the counters and the push script for
+// benchSyncScriptLanes.
+type pushShape int
+
+const (
+	pushKeys pushShape = iota // a key per counter, slotPushScript
+	pushHash                  // fields of 64 hashes per window, hashPushScript
+	pushBulk                  // fields of a hash per lane and window, bulkPushScript
+)
+
 // benchSyncScriptLanes is the Redis store's standalone push without its
 // checks: the keys split into 4 lanes (by slot), each lane's keys in
 // script calls of 512 counters, a lane's calls pipelined on its own
-// connection, the 4 lanes at once. With hash set, the counters are fields
-// of 64 hashes per window (by slot) and the call is hashPushScript;
-// otherwise one string key per counter and slotPushScript.
-func benchSyncScriptLanes(b *testing.B, nkeys int, hash bool) {
+// connection, the 4 lanes at once, the counters laid out as shape says.
+func benchSyncScriptLanes(b *testing.B, nkeys int, shape pushShape) {
 	c := syncClient(b)
 	prefix := redistest.Prefix(b)
 	const lanes, batch, shards = 4, 512, 64
@@ -839,23 +847,34 @@ func benchSyncScriptLanes(b *testing.B, nkeys int, hash bool) {
 		items := bylane[lane]
 		for from := 0; from < len(items); from += batch {
 			part := items[from:min(from+batch, len(items))]
-			keys := make([]string, 1+len(part))
-			keys[0] = prefix + ":m:" + strconv.Itoa(lane) + ":" + strconv.Itoa(from)
-			if hash {
+			marker := prefix + ":m:" + strconv.Itoa(lane) + ":" + strconv.Itoa(from)
+			switch shape {
+			case pushBulk:
+				argv := make([]any, 3+2*len(part))
+				argv[0], argv[1], argv[2] = seq, 600000, expireAt
+				for k, i := range part {
+					argv[3+k], argv[3+len(part)+k] = names[i], 1
+				}
+				cmds = append(cmds, bulkPushScript.Eval(ctx, pipe, []string{marker, hashes[lane]}, argv...))
+			case pushHash:
+				keys := make([]string, 1+len(part))
+				keys[0] = marker
 				argv := make([]any, 3+2*len(part))
 				argv[0], argv[1], argv[2] = seq, 600000, expireAt
 				for k, i := range part {
 					keys[1+k], argv[3+2*k], argv[4+2*k] = hashes[shard[i]], names[i], 1
 				}
 				cmds = append(cmds, hashPushScript.Eval(ctx, pipe, keys, argv...))
-				continue
+			default:
+				keys := make([]string, 1+len(part))
+				keys[0] = marker
+				argv := make([]any, 3+len(part))
+				argv[0], argv[1], argv[2] = seq, 600000, expireAt
+				for k, i := range part {
+					keys[1+k], argv[3+k] = counters[i], 1
+				}
+				cmds = append(cmds, slotPushScript.Eval(ctx, pipe, keys, argv...))
 			}
-			argv := make([]any, 3+len(part))
-			argv[0], argv[1], argv[2] = seq, 600000, expireAt
-			for k, i := range part {
-				keys[1+k], argv[3+k] = counters[i], 1
-			}
-			cmds = append(cmds, slotPushScript.Eval(ctx, pipe, keys, argv...))
 		}
 		return execReplies(ctx, pipe, cmds)
 	}
@@ -894,50 +913,6 @@ redis.call('PEXPIREAT', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], seq, 'PX', ARGV[2])
 return out
 `)
-
-// benchSyncScriptBulk is bulkPushScript called as the Redis store calls
-// its push: the counters of a window as fields of 4 hashes (by slot), one
-// per lane, each lane's counters in calls of 512, a lane's calls
-// pipelined on its own connection, the 4 lanes at once.
-func benchSyncScriptBulk(b *testing.B, nkeys int) {
-	c := syncClient(b)
-	prefix := redistest.Prefix(b)
-	const lanes, batch = 4, 512
-	names := keyNames(nkeys)
-	win := time.Now().UnixMilli() / 60000
-	expireAt := (win+2)*60000 + 60000
-	hashes := make([]string, lanes)
-	bylane := make([][]int, lanes)
-	for lane := range hashes {
-		hashes[lane] = prefix + ":{" + strconv.Itoa(lane) + "}:60000:" + strconv.FormatInt(win, 10)
-	}
-	for i, k := range names {
-		lane := store.Slot(k) % lanes
-		bylane[lane] = append(bylane[lane], i)
-	}
-	var seq int64
-	push := func(ctx context.Context, lane int) error {
-		pipe := c.Pipeline()
-		var cmds []*redis.Cmd
-		items := bylane[lane]
-		for from := 0; from < len(items); from += batch {
-			part := items[from:min(from+batch, len(items))]
-			keys := []string{prefix + ":m:" + strconv.Itoa(lane) + ":" + strconv.Itoa(from), hashes[lane]}
-			argv := make([]any, 3+2*len(part))
-			argv[0], argv[1], argv[2] = seq, 600000, expireAt
-			for k, i := range part {
-				argv[3+k], argv[3+len(part)+k] = names[i], 1
-			}
-			cmds = append(cmds, bulkPushScript.Eval(ctx, pipe, keys, argv...))
-		}
-		return execReplies(ctx, pipe, cmds)
-	}
-	run := func(ctx context.Context) {
-		seq++
-		eachLane(b, ctx, lanes, push)
-	}
-	runSyncShape(b, nkeys, run)
-}
 
 // execReplies runs pipe and returns the first error of it or of the
 // replies of cmds, each read as a script's array.
