@@ -276,7 +276,7 @@ func (t *Table) counts(e *Entry, i int, w word, win, el, now, n int64, buf []int
 		b := t.bucketCounts(e, i, win, cur, buf)
 		ok := r.bucketSum(b)+n <= r.limit
 		if ok && t.share {
-			if room, applies := t.bucketShareRoomOf(e, i, b, win); applies {
+			if room, applies := t.bucketShareRoomOf(e, i, b, win, el); applies {
 				return Counts{Buckets: b, Elapsed: el}, float64(n) <= room+Epsilon, shareLeft(room)
 			}
 		}

@@ -177,6 +177,9 @@ func (t *Table) readsPrev(e *Entry, i int, win, now int64) (read, again bool) {
 // Settle writes back what the store answered for pushes of e that it
 // applied at about now: totals[k] is the store's counter after pushes[k].
 func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
+	if t.share && now > t.settled.Load()+1e6 {
+		t.settled.Store(now)
+	}
 	t.mu(e).Lock()
 	defer t.mu(e).Unlock()
 	if t.share && t.shareOf(e, 0) == nil && t.othersShown(e, pushes, totals) {

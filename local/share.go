@@ -58,6 +58,15 @@ const (
 	// its next sync, and the plain rule decides (so that the share policy
 	// never denies far below the limit).
 	headroomFactor = 2.0
+	// handoffPeriods is how long, in the key's sync periods, a sync's
+	// hand-off of a key to the plain rule outlasts the store's last
+	// answer to this node (Table.settled). While the store answers, the
+	// key's next sync renews or ends the hand-off; when it stops (an
+	// outage), the share decides again once that time has passed: the
+	// quota left that justified the hand-off lasts about headroomFactor
+	// sync periods at the cluster's pace, and the plain rule on every node
+	// would spend it N times over.
+	handoffPeriods = headroomFactor
 )
 
 // snapshot is what a decision needs of a counter's last sync, published by
@@ -66,13 +75,14 @@ type snapshot struct {
 	seq   atomic.Uint64 // odd while being written
 	win   atomic.Int64  // the window the sync read; 0: none yet
 	base  atomic.Int64  // the counter's base right after the sync
+	hold  atomic.Int64  // > 0: the plain rule decides until hold (ns) after Table.settled
 	share atomic.Uint64 // float64 bits
 	lag   atomic.Uint64 // float64 bits
 	dith  atomic.Uint64 // float64 bits
 }
 
 type snapValues struct {
-	win, base        int64
+	win, base, hold  int64
 	share, lag, dith float64
 }
 
@@ -85,6 +95,7 @@ func (sn *snapshot) load() (v snapValues, ok bool) {
 		v = snapValues{
 			win:   sn.win.Load(),
 			base:  sn.base.Load(),
+			hold:  sn.hold.Load(),
 			share: math.Float64frombits(sn.share.Load()),
 			lag:   math.Float64frombits(sn.lag.Load()),
 			dith:  math.Float64frombits(sn.dith.Load()),
@@ -100,6 +111,7 @@ func (sn *snapshot) store(v snapValues) {
 	sn.seq.Add(1)
 	sn.win.Store(v.win)
 	sn.base.Store(v.base)
+	sn.hold.Store(v.hold)
 	sn.share.Store(math.Float64bits(v.share))
 	sn.lag.Store(math.Float64bits(v.lag))
 	sn.dith.Store(math.Float64bits(v.dith))
@@ -133,7 +145,7 @@ type shareStats struct {
 // shareRoom returns what the share policy allows at counts prev and cur
 // (this node's view) in window win, el into it: the cost still allowed
 // (share of the free quota plus dither, minus own), and whether the share
-// policy applies at all.
+// policy applies at all (the caller checks the hand-off: handedOff).
 func (r *Rule) shareRoom(v snapValues, prev, cur, win, el int64) (room float64, ok bool) {
 	if v.share >= 1 {
 		return 0, false
@@ -263,10 +275,13 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 			known = float64(e.ctr(i).prev.Load())*weight + float64(cur)
 		}
 		headroom := r.limitF - known - lag
+		v.share, v.lag = share, lag
 		if share*r.limitF*st.period*r.invW >= shareMinCount && headroom < headroomFactor*st.allAvg {
-			v.share = share
-			v.lag = lag
 			v.dith = t.rng.Float64()
+		} else {
+			// The plain rule decides until the next sync, as long as the
+			// store answers; past that, the share with the dither's mean.
+			v.hold, v.dith = max(int64(handoffPeriods*st.period), 1), 0.5
 		}
 	}
 	x.snap.store(v)
@@ -304,17 +319,25 @@ func (t *Table) shareRoomOf(e *Entry, i int, prev, cur, win, el int64) (snapValu
 		return snapValues{}, 0, false
 	}
 	v, ok := x.snap.load()
-	if !ok {
+	if !ok || t.handedOff(v, win*t.rules[i].w+el) {
 		return v, 0, false
 	}
 	room, ok := t.rules[i].shareRoom(v, prev, cur, win, el)
 	return v, room, ok
 }
 
+// handedOff reports whether the last sync's hand-off of a key to the plain
+// rule (snapshot v) still holds at now: until v.hold past the store's
+// last answer to this node.
+func (t *Table) handedOff(v snapValues, now int64) bool {
+	return v.hold > 0 && now < t.settled.Load()+v.hold
+}
+
 // bucketRoom is shareRoom for a Buckets rule: b holds the window's bucket
-// counts (ids win−span+1 … win) as this node sees them. What this node
-// counted since its sync is in the snapshot's bucket (beyond its base) and
-// the buckets after it; the rest is the cluster's as of the sync.
+// counts (ids win−span+1 … win) as this node sees them, el into bucket
+// win. What this node counted since its sync is in the snapshot's bucket
+// (beyond its base) and the buckets after it; the rest is the cluster's as
+// of the sync.
 func (r *Rule) bucketRoom(v snapValues, b []int64, win int64) (room float64, ok bool) {
 	if v.share >= 1 {
 		return 0, false
@@ -340,14 +363,17 @@ func (r *Rule) bucketRoom(v snapValues, b []int64, win int64) (room float64, ok 
 }
 
 // bucketShareRoomOf returns the share policy's room for Buckets rule i of
-// e, whose counts are b in window win.
-func (t *Table) bucketShareRoomOf(e *Entry, i int, b []int64, win int64) (float64, bool) {
+// e, whose counts are b in window win, el into it.
+func (t *Table) bucketShareRoomOf(e *Entry, i int, b []int64, win, el int64) (float64, bool) {
 	x := t.shareOf(e, i)
 	if x == nil {
 		return 0, false
 	}
 	v, ok := x.snap.load()
 	if !ok {
+		return 0, false
+	}
+	if t.handedOff(v, win*t.rules[i].w+el) {
 		return 0, false
 	}
 	return t.rules[i].bucketRoom(v, b, win)

@@ -33,3 +33,47 @@ func TestShareStateOnlyWhenShared(t *testing.T) {
 	assert.Equal(t, int64(5), st.win, "its statistics start at that sync")
 	assert.Equal(t, int64(5), st.total, "its statistics start at that sync")
 }
+
+// TestShareHandOffHoldsWhileTheStoreAnswers checks, over exact instants,
+// how long a sync's hand-off of a key to the plain rule holds: until hold
+// past the store's last answer to this node (Table.settled), after which
+// the share decides, and further while the store keeps answering.
+func TestShareHandOffHoldsWhileTheStoreAnswers(t *testing.T) {
+	const sec = int64(time.Second)
+	tb := NewTable(Options{
+		Rules:   []Rule{NewRule(Spec{Kind: Fixed, Limit: 100, Window: time.Second})},
+		MaxKeys: 10, Syncing: true, Share: true, ReadPrev: 3 * sec,
+	})
+	start := 7 * sec
+	require.True(t, allow(t, tb, "k", 1, start))
+	e := entry(t, tb, "k")
+	tb.mu(e).Lock()
+	tb.newShares(e)
+	tb.mu(e).Unlock()
+	const hold = 200 * int64(time.Millisecond) // two sync periods of 100 ms
+	tb.shareOf(e, 0).snap.store(snapValues{win: 7, base: 1, share: 0.25, hold: hold, dith: 0.5})
+	settled := start + 50*int64(time.Millisecond)
+	tb.settled.Store(settled)
+	for _, tc := range []struct {
+		at      int64
+		applies bool
+	}{
+		{settled, false},
+		{settled + hold - 1, false},
+		{settled + hold, true},
+		{settled + hold + 1, true},
+	} {
+		_, room, applies := tb.shareRoomOf(e, 0, 0, 1, 7, tc.at-start)
+		assert.Equal(t, tc.applies, applies, "settled%+d ns", tc.at-settled)
+		if applies {
+			// known: the window's 1 at the sync; own: nothing since.
+			assert.InDelta(t, 0.25*(100-1)+0.5, room, 1e-9, "settled%+d ns", tc.at-settled)
+		}
+	}
+	tb.settled.Store(settled + hold) // the store answered again
+	_, _, applies := tb.shareRoomOf(e, 0, 0, 1, 7, settled+hold-start)
+	assert.False(t, applies, "the store answers: the hand-off holds")
+	tb.shareOf(e, 0).snap.store(snapValues{win: 7, base: 1, share: 0.25, dith: 0.5})
+	_, _, applies = tb.shareRoomOf(e, 0, 0, 1, 7, settled-start)
+	assert.True(t, applies, "no hand-off: the share decides")
+}

@@ -95,7 +95,7 @@ func (t *Table) denied(e *Entry, n, now int64) Decision {
 		r, c := &t.rules[i], &v[i]
 		if r.kind == Buckets {
 			id, el := WindowOf(now, r.w)
-			room, applies := t.bucketShareRoomOf(e, i, c.Buckets, id)
+			room, applies := t.bucketShareRoomOf(e, i, c.Buckets, id, el)
 			rooms[i], shared[i] = room, applies
 			if applies && float64(n) > room+Epsilon {
 				// Room grows as buckets leave: at the next boundary at the
@@ -261,9 +261,9 @@ func (t *Table) shareRoomAt(e *Entry, i int, c *Counts, now int64) (float64, boo
 	if !r.counted() {
 		return 0, false
 	}
-	id, _ := WindowOf(now, r.w)
+	id, el := WindowOf(now, r.w)
 	if r.kind == Buckets {
-		return t.bucketShareRoomOf(e, i, c.Buckets, id)
+		return t.bucketShareRoomOf(e, i, c.Buckets, id, el)
 	}
 	_, room, applies := t.shareRoomOf(e, i, c.Prev, c.Cur, id, c.Elapsed)
 	return room, applies
