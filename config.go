@@ -235,7 +235,12 @@ type Config struct {
 	// goroutine refreshes every ClockResolution instead of reading the
 	// clock (which costs 30–60 ns on virtual machines). A negative value
 	// reads the clock on every decision. Zero means 1ms with the real clock
-	// and exact reads with an injected Clock.
+	// and exact reads with an injected Clock. The timestamp lags the clock
+	// by up to ClockResolution, and by more while the process is short of
+	// CPU (the goroutine that refreshes it waits for a processor): a
+	// decision just after a window boundary may then be counted in the
+	// window that ended. Where windows must start to the instant, use a
+	// negative value.
 	ClockResolution time.Duration
 
 	// ClockSync is how often, in ModeAsync and ModeSynchronous, a node

@@ -60,7 +60,7 @@ func closeRace(t *testing.T, l *hybridlimit.Limiter, keys []string, allowed *tal
 	return err
 }
 
-var unflushedRE = regexp.MustCompile(`Close: (\d+) increments of (\d+) keys may not have reached the store`)
+var unflushedRE = regexp.MustCompile(`Close: (\d+) increments \(per rule\) of (\d+) keys may not have reached the store`)
 
 // unflushed returns the increments Close's error counts.
 func unflushed(t *testing.T, err error) int64 {

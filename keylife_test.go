@@ -188,7 +188,7 @@ func TestCloseCountsInDoubtIncrementsAcrossRollovers(t *testing.T) {
 	defer cancel()
 	err := l.Close(ctx)
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "6 increments of 1 keys may not have reached the store")
+	assert.Contains(t, err.Error(), "6 increments (per rule) of 1 keys may not have reached the store")
 }
 
 // redisKeyLife returns a Redis client and store and a fresh prefix.

@@ -301,8 +301,8 @@ func (l *Limiter) Evict() int {
 // whichever is longer. Decisions after Close return ErrClosed; a decision
 // that returned Allowed before Close returned is pushed, or counted in
 // Close's error. Close returns nil when every increment reached the store,
-// and otherwise an error saying how many may not have; calling it again
-// returns the same error.
+// and otherwise an error saying how many may not have (counted per rule,
+// as Stats.Pending); calling it again returns the same error.
 func (l *Limiter) Close(ctx context.Context) error {
 	l.closeOnce.Do(func() {
 		l.closed.Store(true)

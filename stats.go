@@ -19,7 +19,8 @@ type Stats struct {
 	// counts keys removed after being idle.
 	Keys    int
 	Evicted uint64
-	// Pending is the increments not yet acknowledged by the store.
+	// Pending is the increments not yet acknowledged by the store, per
+	// rule: a request of cost n on a key with three rules is 3n.
 	Pending int64
 	// Dropped counts increments discarded unpushed because their window
 	// could no longer influence a decision and the store did not take them

@@ -89,7 +89,7 @@ func (l *Loop) unflushed(cause error) error {
 	if b := l.stats.lastError.Load(); b != nil {
 		last = fmt.Errorf("%w; last store error: %w", cause, b.err)
 	}
-	return fmt.Errorf("hybridlimit: Close: %d increments of %d keys may not have reached the store: %w", n, keys, last)
+	return fmt.Errorf("hybridlimit: Close: %d increments (per rule) of %d keys may not have reached the store: %w", n, keys, last)
 }
 
 // unsynced returns the increments the store has not acknowledged, and the

@@ -260,7 +260,7 @@ func TestFlush(t *testing.T) {
 	defer cancel()
 	err := f.loop.Flush(ctx)
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "8 increments of 2 keys may not have reached the store")
+	assert.Contains(t, err.Error(), "8 increments (per rule) of 2 keys may not have reached the store")
 	_, st := f.table.Allow("x", 1, f.mock.Now().UnixNano())
 	assert.Equal(t, local.Closed, st)
 
