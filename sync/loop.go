@@ -61,6 +61,11 @@ const (
 	maxOps     = 512  // counter operations per batch (one script call)
 	chunk      = 4096 // entries taken and pushed at a time: bounds the scratch memory
 	maxBackoff = 5 * time.Second
+	// backoffRates caps the backoff at this many sync periods (and at
+	// maxBackoff): a node that waits out a backoff once the store is back
+	// pushes nothing, so the other nodes see its share of the traffic
+	// vanish and take it over (the share policy), until it syncs again.
+	backoffRates = 10
 )
 
 // Loop runs sync cycles for a set of tables. Its methods are safe for
@@ -399,7 +404,7 @@ func (l *Loop) Run(stop <-chan struct{}) {
 			case ctx.Err() != nil:
 				return
 			case errors.Is(err, errNoneApplied):
-				delay = min(max(2*delay, l.cfg.Rate), max(maxBackoff, l.cfg.Rate))
+				delay = min(max(2*delay, l.cfg.Rate), max(min(maxBackoff, backoffRates*l.cfg.Rate), l.cfg.Rate))
 				delay += time.Duration(rand.Int64N(int64(delay)/5 + 1))
 			default:
 				delay = l.cfg.Rate
