@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261124215650-8eb7a77c98df
+	github.com/hybridlimit/hybridlimit v0.0.0-20261124222745-cfef2f85e1e5
 	github.com/stretchr/testify v1.12.1
 )
 
