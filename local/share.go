@@ -334,10 +334,9 @@ func (t *Table) handedOff(v snapValues, now int64) bool {
 }
 
 // bucketRoom is shareRoom for a Buckets rule: b holds the window's bucket
-// counts (ids win−span+1 … win) as this node sees them, el into bucket
-// win. What this node counted since its sync is in the snapshot's bucket
-// (beyond its base) and the buckets after it; the rest is the cluster's as
-// of the sync.
+// counts (ids win−span+1 … win) as this node sees them. What this node
+// counted since its sync is in the snapshot's bucket (beyond its base) and
+// the buckets after it; the rest is the cluster's as of the sync.
 func (r *Rule) bucketRoom(v snapValues, b []int64, win int64) (room float64, ok bool) {
 	if v.share >= 1 {
 		return 0, false
