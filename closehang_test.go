@@ -81,7 +81,7 @@ func (s *hungStore) Take(ctx context.Context, rs []*store.TakeRequest) error {
 // A synchronous FailClosed limiter counts nothing on its own: when the
 // store stops answering, Close has nothing to push and returns nil. (The
 // final flush also reads the counters of the keys decided, with pushes of
-// zero; such a read left in doubt made Close report "0 increments of 0
+// zero; such a read left in doubt made Close report "0 increments (per rule) of 0
 // keys may not have reached the store".)
 func TestCloseWithOnlyReadsInDoubtIsNil(t *testing.T) {
 	st := &hungStore{Memory: store.NewMemory(nil)}

@@ -126,7 +126,7 @@ func TestFaultForeignCounterAsync(t *testing.T) {
 	err = l.Close(cctx)
 	require.ErrorIs(t, err, store.ErrForeign)
 	assert.Less(t, time.Since(start), time.Second, "Close does not retry what the store refuses")
-	assert.Contains(t, err.Error(), fmt.Sprintf("%d increments of 1 keys", limit), "Close counts what the store could not take")
+	assert.Contains(t, err.Error(), fmt.Sprintf("%d increments (per rule) of 1 keys", limit), "Close counts what the store could not take")
 	v, err := c.Get(ctx, store.CounterKey(pfx, store.Counter{Key: "good", Window: time.Hour.Milliseconds(), ID: id})).Int64()
 	require.NoError(t, err)
 	assert.Equal(t, int64(limit), v, "the other key is counted once")

@@ -85,6 +85,7 @@ func New(cfg Config) (*Limiter, error) {
 			MaxKeys:     cfg.MaxKeys,
 			Syncing:     syncing,
 			ReadPrev:    int64(2 * rate),
+			SyncRate:    int64(rate),
 			CountDenied: cfg.CountDenied,
 			Share:       cfg.Mode == ModeAsync && cfg.AsyncPolicy == Share,
 			Seed:        cfg.Seed,

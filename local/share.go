@@ -58,14 +58,14 @@ const (
 	// its next sync, and the plain rule decides (so that the share policy
 	// never denies far below the limit).
 	headroomFactor = 2.0
-	// handoffPeriods is how long, in the key's sync periods, a sync's
-	// hand-off of a key to the plain rule outlasts the store's last
-	// answer to this node (Table.settled). While the store answers, the
-	// key's next sync renews or ends the hand-off; when it stops (an
-	// outage), the share decides again once that time has passed: the
-	// quota left that justified the hand-off lasts about headroomFactor
-	// sync periods at the cluster's pace, and the plain rule on every node
-	// would spend it N times over.
+	// handoffPeriods is how long, in sync periods (Options.SyncRate or
+	// the key's measured one, the longer), a sync's hand-off of a key to
+	// the plain rule outlasts the store's last answer to this node
+	// (Table.settled). While the store answers, the key's next sync renews
+	// or ends the hand-off; when it stops (an outage), the share decides
+	// again once that time has passed: the quota left that justified the
+	// hand-off lasts about headroomFactor sync periods at the cluster's
+	// pace, and the plain rule on every node would spend it N times over.
 	handoffPeriods = headroomFactor
 )
 
@@ -281,7 +281,7 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 		} else {
 			// The plain rule decides until the next sync, as long as the
 			// store answers; past that, the share with the dither's mean.
-			v.hold, v.dith = max(int64(handoffPeriods*st.period), 1), 0.5
+			v.hold, v.dith = max(int64(handoffPeriods*max(st.period, float64(t.syncRate))), 1), 0.5
 		}
 	}
 	x.snap.store(v)

@@ -26,6 +26,10 @@ type Options struct {
 	// Share selects the share policy of the async mode (share.go) over
 	// the plain rule. It needs Syncing.
 	Share bool
+	// SyncRate is the sync loop's period (ns), for the share policy: a
+	// sync's hand-off of a key to the plain rule outlasts the store's last
+	// answer by two periods, this one or the measured one, the longer.
+	SyncRate int64
 	// Seed, when not zero, seeds the table's random draws (the share
 	// policy's dither), so that a run can be repeated.
 	Seed uint64
@@ -131,7 +135,8 @@ type Table struct {
 	keys    atomic.Int64 // entries in the maps plus insertions under way
 	entries atomic.Int64 // entries in the maps
 
-	rng *rand.Rand // the share policy's dither; used by Settle only, one at a time
+	rng      *rand.Rand // the share policy's dither; used by Settle only, one at a time
+	syncRate int64      // Options.SyncRate
 	// settled is the instant (ns) of the last Settle, to the millisecond:
 	// the store answered this node then. A share policy's hand-off of a
 	// key to the plain rule holds while the store keeps answering.
@@ -170,6 +175,7 @@ func NewTable(o Options) *Table {
 	t := &Table{
 		rules:       append([]Rule(nil), o.Rules...),
 		readPrev:    o.ReadPrev,
+		syncRate:    o.SyncRate,
 		syncing:     o.Syncing,
 		countDenied: o.CountDenied,
 		share:       o.Share && o.Syncing,
