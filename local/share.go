@@ -60,8 +60,8 @@ const (
 	headroomFactor = 2.0
 	// handoffPeriods is how long, in sync periods (Options.SyncRate or
 	// the key's measured one, the longer), a sync's hand-off of a key to
-	// the plain rule outlasts the store's last answer to this node
-	// (Table.settled). While the store answers, the key's next sync renews
+	// the plain rule for its quota left (headroomFactor) outlasts the
+	// store's last answer to this node (Table.settled). While the store answers, the key's next sync renews
 	// or ends the hand-off; when it stops (an outage), the share decides
 	// again once that time has passed: the quota left that justified the
 	// hand-off lasts about headroomFactor sync periods at the cluster's
@@ -275,13 +275,17 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 			known = float64(e.ctr(i).prev.Load())*weight + float64(cur)
 		}
 		headroom := r.limitF - known - lag
-		v.share, v.lag = share, lag
-		if share*r.limitF*st.period*r.invW >= shareMinCount && headroom < headroomFactor*st.allAvg {
-			v.dith = t.rng.Float64()
-		} else {
+		switch {
+		case share*r.limitF*st.period*r.invW < shareMinCount:
+			// Too few requests per sync for a share: the plain rule,
+			// until the next sync whenever it comes.
+		case headroom >= headroomFactor*st.allAvg:
 			// The plain rule decides until the next sync, as long as the
 			// store answers; past that, the share with the dither's mean.
+			v.share, v.lag = share, lag
 			v.hold, v.dith = max(int64(handoffPeriods*max(st.period, float64(t.syncRate))), 1), 0.5
+		default:
+			v.share, v.lag, v.dith = share, lag, t.rng.Float64()
 		}
 	}
 	x.snap.store(v)
