@@ -7,9 +7,8 @@
 // most once and the loop sends until one has: exactly once, see
 // docs/failures.md) and pulls the merged cluster counts back every
 // SyncRate, and between syncs each node spends only its share of what is
-// left; in ModeSynchronous
-// every decision is one atomic round trip to the store; ModeLocal needs no
-// store.
+// left; in ModeSynchronous every decision is one atomic round trip to the
+// store; ModeLocal needs no store.
 //
 // A Limiter enforces several rules at once per key (for example 1/s,
 // 20/min, 200/h and 800/day), with a cost per request, and every decision
