@@ -1,5 +1,7 @@
 package local
 
+import "time"
+
 // The handoff with the sync loop. Take moves an entry's pending increments
 // to in-flight and describes them as Pushes; after the store answers, the
 // loop hands the pushes back with Settle (applied, with the store's
@@ -177,7 +179,7 @@ func (t *Table) readsPrev(e *Entry, i int, win, now int64) (read, again bool) {
 // Settle writes back what the store answered for pushes of e that it
 // applied at about now: totals[k] is the store's counter after pushes[k].
 func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
-	if t.share && now > t.settled.Load()+1e6 {
+	if t.share && now > t.settled.Load()+int64(time.Millisecond) {
 		t.settled.Store(now)
 	}
 	t.mu(e).Lock()

@@ -323,7 +323,7 @@ func (t *Table) shareRoomOf(e *Entry, i int, prev, cur, win, el int64) (snapValu
 		return snapValues{}, 0, false
 	}
 	v, ok := x.snap.load()
-	if !ok || t.handedOff(v, win*t.rules[i].w+el) {
+	if !ok || t.handedOff(v, win, el, t.rules[i].w) {
 		return v, 0, false
 	}
 	room, ok := t.rules[i].shareRoom(v, prev, cur, win, el)
@@ -331,10 +331,10 @@ func (t *Table) shareRoomOf(e *Entry, i int, prev, cur, win, el int64) (snapValu
 }
 
 // handedOff reports whether the last sync's hand-off of a key to the plain
-// rule (snapshot v) still holds at now: until v.hold past the store's
-// last answer to this node.
-func (t *Table) handedOff(v snapValues, now int64) bool {
-	return v.hold > 0 && now < t.settled.Load()+v.hold
+// rule (snapshot v) still holds at el into window win of a rule of window
+// w: until v.hold past the store's last answer to this node.
+func (t *Table) handedOff(v snapValues, win, el, w int64) bool {
+	return v.hold > 0 && win*w+el < t.settled.Load()+v.hold
 }
 
 // bucketRoom is shareRoom for a Buckets rule: b holds the window's bucket
@@ -376,7 +376,7 @@ func (t *Table) bucketShareRoomOf(e *Entry, i int, b []int64, win, el int64) (fl
 	if !ok {
 		return 0, false
 	}
-	if t.handedOff(v, win*t.rules[i].w+el) {
+	if t.handedOff(v, win, el, t.rules[i].w) {
 		return 0, false
 	}
 	return t.rules[i].bucketRoom(v, b, win)

@@ -68,6 +68,15 @@ const (
 	backoffRates = 10
 )
 
+// Backoff returns the wait after a cycle that reached no part of the
+// store, the last wait having been delay, for a loop of period rate:
+// twice delay, at least rate, at most 10 × rate and 5 s (but never below
+// rate). Run adds up to a fifth of it as jitter; the simulation does the
+// same with its own random source.
+func Backoff(delay, rate time.Duration) time.Duration {
+	return min(max(2*delay, rate), max(min(maxBackoff, backoffRates*rate), rate))
+}
+
 // Loop runs sync cycles for a set of tables. Its methods are safe for
 // concurrent use; cycles run one at a time. Create one with New.
 type Loop struct {
@@ -404,7 +413,7 @@ func (l *Loop) Run(stop <-chan struct{}) {
 			case ctx.Err() != nil:
 				return
 			case errors.Is(err, errNoneApplied):
-				delay = min(max(2*delay, l.cfg.Rate), max(min(maxBackoff, backoffRates*l.cfg.Rate), l.cfg.Rate))
+				delay = Backoff(delay, l.cfg.Rate)
 				delay += time.Duration(rand.Int64N(int64(delay)/5 + 1))
 			default:
 				delay = l.cfg.Rate
