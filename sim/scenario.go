@@ -9,6 +9,7 @@ import (
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/store"
+	syncloop "github.com/hybridlimit/hybridlimit/sync"
 )
 
 // start is the virtual instant every in-memory run begins at: aligned to
@@ -370,15 +371,15 @@ func (d *driver) handle(e event) error {
 
 // synced schedules node i's next cycle after one that started at at, as
 // the background loop does: every sync rate from the start of the last
-// cycle (with -store-latency, not from its reply), backing off exponentially
-// (with jitter) up to max(min(5s, 10 × rate), rate) while the store fails.
+// cycle (with -store-latency, not from its reply), backing off as it does
+// (syncloop.Backoff, with jitter) while the store fails.
 func (d *driver) synced(i int, err error, at int64) {
 	n := d.nodes[i]
 	rate := d.syncRate()
 	if err == nil {
 		n.delay = rate
 	} else {
-		n.delay = min(max(2*n.delay, rate), max(min(5*time.Second, 10*rate), rate))
+		n.delay = syncloop.Backoff(n.delay, rate)
 		n.delay += time.Duration(n.rng.Int64N(int64(n.delay)/5 + 1))
 	}
 	next := max(at+int64(n.delay), d.base.nowNs()-d.start)
