@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261124232114-65956e6437ec
+	github.com/hybridlimit/hybridlimit v0.0.0-20261124232334-5ce5488f0282
 	github.com/stretchr/testify v1.12.1
 )
 
