@@ -49,6 +49,9 @@ func TestSyncingEntrySize(t *testing.T) {
 	}
 	assert.Equal(t, uintptr(112), unsafe.Sizeof(entryCS[[0]counter, [1]syncState]{}))
 	assert.Equal(t, uintptr(32), syncStateSize)
+	// A rule's share state, allocated once another node pushes the key:
+	// one rule's fills the allocator's 128-byte size class.
+	assert.Equal(t, uintptr(128), shareStateSize)
 }
 
 // TestEntryLayouts writes every part of entries of every layout (rules,

@@ -17,6 +17,9 @@ import (
 //	        part weighted like the previous window)
 //	lag   = the other nodes' admissions that were not yet in the store when
 //	        this node synced: their rate × half this node's sync period
+//	        (Fixed and Buckets rules: their busiest rate of the last
+//	        peakWindows windows when higher, as a window's quota is spent
+//	        in a burst at its start)
 //	free  = limit − known − lag
 //	admit iff own + n ≤ share·free + dither
 //
@@ -58,6 +61,24 @@ const (
 	// its next sync, and the plain rule decides (so that the share policy
 	// never denies far below the limit).
 	headroomFactor = 2.0
+	// peakWindows is over how many of the rule's windows the busiest
+	// sync fades (linearly): the cluster's increments in one sync, which
+	// the headroom test takes when above their average, and for Fixed and
+	// Buckets rules the other nodes' rate, which lag takes when above the
+	// recent one. Admissions per sync measure what the cluster asks for
+	// only while the limit does not bind: a Fixed window's quota goes in
+	// a burst at its start and nothing is admitted after it, so the
+	// window's average understates the next window's first syncs (and the
+	// plain rule on every node would take that burst N times over), and
+	// the recent rate, taken at the idle end of the last window, misses
+	// the others' unpushed part of it. Two windows: at a sync of a tenth
+	// of a window the burst still counts 0.6 of itself a window later;
+	// over four, the catch-up of an outage's increments, which the others
+	// push in one sync, made the nodes deny 4 % under the limit for four
+	// windows after it (TestShareDuringAnOutage).
+	// The cost is a little caution after a burst that is not repeated
+	// (docs/design.md, "Fixed windows under overload").
+	peakWindows = 2.0
 	// handoffPeriods is how long, in sync periods (Options.SyncRate or
 	// the key's measured one, the longer), a sync's hand-off of a key to
 	// the plain rule for its quota left (headroomFactor) outlasts the
@@ -132,14 +153,16 @@ type shareState struct {
 // shareStats is a counter's record of its syncs, for the share policy.
 // Guarded by the entry's mutex.
 type shareStats struct {
-	at      int64   // instant of the last sync (ns), 0: none yet
-	win     int64   // window of the last sync's current counter
-	total   int64   // the store's total of that window then
-	ownAvg  float64 // running average of this node's increments per sync
-	allAvg  float64 // running average of the cluster's increments per sync
-	rate    float64 // the other nodes' admissions per ns, recently
-	period  float64 // running average of the time between syncs (ns)
-	samples int     // syncs averaged so far
+	at       int64   // instant of the last sync (ns), 0: none yet
+	win      int64   // window of the last sync's current counter
+	total    int64   // the store's total of that window then
+	ownAvg   float64 // running average of this node's increments per sync
+	allAvg   float64 // running average of the cluster's increments per sync
+	rate     float64 // the other nodes' admissions per ns, recently
+	period   float64 // running average of the time between syncs (ns)
+	allPeak  float32 // the cluster's most increments in one sync, fading (peakWindows)
+	ratePeak float32 // the other nodes' highest rate, fading as allPeak
+	samples  int32   // syncs averaged so far, up to math.MaxInt32
 }
 
 // shareRoom returns what the share policy allows at counts prev and cur
@@ -236,6 +259,10 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 		dt := float64(now - st.at)
 		o := float64(max(others, 0))
 		own := float64(ownCur + ownPrev)
+		// The peak forgets a sync's count over peakWindows windows.
+		fade := max(1-dt/(peakWindows*float64(r.window)), 0)
+		st.allPeak = float32(max(own+o, float64(st.allPeak)*fade))
+		st.ratePeak = float32(max(o/dt, float64(st.ratePeak)*fade))
 		if st.samples == 0 || st.period == 0 {
 			if st.samples == 0 {
 				st.ownAvg, st.allAvg = own, own+o
@@ -249,15 +276,21 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 			st.rate += rateAlpha * (o/dt - st.rate)
 			st.period += 0.25 * (dt - st.period)
 		}
-		st.samples++
+		st.samples = min(st.samples, math.MaxInt32-1) + 1
 	}
 	st.at, st.win, st.total = now, win, cur
 	v := snapValues{win: win, base: e.ctr(i).base.Load(), share: 1}
 	if st.samples >= 1 && st.allAvg > 0 && st.ownAvg < st.allAvg {
 		share := max(st.ownAvg/st.allAvg, shareMin)
-		// This node's admissions per sync period when the key runs at the
-		// limit: too few, and a share of them means nothing.
-		lag := st.rate * st.period * lagFactor
+		// The others' admissions not yet in the store: their rate over
+		// half a period. A Fixed window's quota goes in a burst at its
+		// start, which the recent rate (the idle end of the last window)
+		// misses: their busiest rate of the last windows, when higher.
+		rate := st.rate
+		if r.fixed {
+			rate = max(rate, float64(st.ratePeak))
+		}
+		lag := rate * st.period * lagFactor
 		// The quota left once the others' unpushed admissions are counted:
 		// while it holds more than what the cluster admits in a few sync
 		// periods, no node can run it out before the next sync, and the
@@ -279,7 +312,7 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 		case share*r.limitF*st.period*r.invW < shareMinCount:
 			// Too few requests per sync for a share: the plain rule,
 			// until the next sync whenever it comes.
-		case headroom >= headroomFactor*st.allAvg:
+		case headroom >= headroomFactor*max(st.allAvg, float64(st.allPeak)):
 			// The plain rule decides until the next sync, as long as the
 			// store answers; past that, the share with the dither's mean.
 			v.share, v.lag = share, lag

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -76,4 +77,59 @@ func TestShareHandOffHoldsWhileTheStoreAnswers(t *testing.T) {
 	tb.shareOf(e, 0).snap.store(snapValues{win: 7, base: 1, share: 0.25, dith: 0.5})
 	_, _, applies = tb.shareRoomOf(e, 0, 0, 1, 7, settled-start)
 	assert.True(t, applies, "no hand-off: the share decides")
+}
+
+// TestShareRemembersAFixedWindowsBurst checks, over exact syncs, that the
+// share policy sizes a Fixed window's start by the busiest sync of the
+// last windows, not by the window's average. Four nodes at 6× a Fixed
+// limit of 1000/s spend the quota in the first two syncs of a window and
+// admit nothing after; at the next window's first sync the average
+// (100 per sync) would hand the key to the plain rule on every node, and
+// the others' rate (which saw the idle end of the window) would count
+// almost none of their unpushed burst.
+func TestShareRemembersAFixedWindowsBurst(t *testing.T) {
+	const sec, ms = int64(time.Second), int64(time.Millisecond)
+	type sync struct{ at, win, cur, prev, own int64 }
+	// This node's quarter of the store's totals, synced every 100 ms.
+	syncs := []sync{{7*sec + 50*ms, 7, 300, 0, 75}, {7*sec + 150*ms, 7, 900, 0, 150}, {7*sec + 250*ms, 7, 1000, 0, 25}}
+	for at := 7*sec + 350*ms; at < 8*sec; at += 100 * ms {
+		syncs = append(syncs, sync{at, 7, 1000, 0, 0})
+	}
+	syncs = append(syncs, sync{8*sec + 50*ms, 8, 300, 1000, 75})
+	for _, tc := range []struct {
+		kind     Kind
+		handOff  bool
+		lag      float64
+		lagDelta float64
+	}{
+		// The others' busiest rate, 450 per 100 ms, faded over 9 syncs
+		// of 1/40 of 4 windows each, times half a sync period.
+		{Fixed, false, 0.5 * 450 * math.Pow(1-0.1/peakWindows, 9), 1e-3},
+		// A Sliding window's quota frees as it slides: the others' recent
+		// rate, 225 per 100 ms after a run of idle syncs, halved each sync.
+		{Sliding, false, 0.5 * 113, 1},
+	} {
+		tb := NewTable(Options{
+			Rules:   []Rule{NewRule(Spec{Kind: tc.kind, Limit: 1000, Window: time.Second})},
+			MaxKeys: 10, Syncing: true, Share: true, ReadPrev: 3 * sec,
+		})
+		require.True(t, allow(t, tb, "k", 1, 7*sec))
+		e := entry(t, tb, "k")
+		tb.mu(e).Lock()
+		tb.newShares(e)
+		for k, s := range syncs {
+			prevRead := s.win == 8
+			ownCur, ownPrev := s.own, int64(0)
+			tb.settleShare(e, 0, s.at, s.win, s.cur, s.prev, prevRead, ownCur, ownPrev)
+			if k == 1 {
+				assert.Equal(t, float32(600), tb.shareOf(e, 0).st.allPeak, "%v: the burst's sync", tc.kind)
+			}
+		}
+		tb.mu(e).Unlock()
+		v, ok := tb.shareOf(e, 0).snap.load()
+		require.True(t, ok)
+		assert.Equal(t, tc.handOff, v.hold > 0, "%v: hand-off at the next window's first sync", tc.kind)
+		assert.InDelta(t, 0.25, v.share, 1e-9, "%v", tc.kind)
+		assert.InDelta(t, tc.lag, v.lag, tc.lagDelta, "%v: the others' unpushed admissions", tc.kind)
+	}
 }
