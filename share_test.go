@@ -126,6 +126,38 @@ func (c *shareCluster) run(key string, d, gap time.Duration) []int {
 	return perSecond
 }
 
+// runKeys is run with requests for each of keys every gap, round robin
+// over the nodes for each key, and returns each key's admissions per
+// second.
+func (c *shareCluster) runKeys(keys []string, d, gap time.Duration) map[string][]int {
+	ctx := context.Background()
+	end := c.mock.Now().Add(d)
+	perSecond := make(map[string][]int, len(keys))
+	for _, k := range keys {
+		perSecond[k] = make([]int, int((d+time.Second-1)/time.Second))
+	}
+	start := c.mock.Now()
+	for now := c.mock.Now(); now.Before(end); now = now.Add(gap) {
+		c.mock.Set(now)
+		for i, l := range c.nodes {
+			for !c.next[i].After(now) {
+				_ = l.Sync(ctx) // a failing store is part of some tests
+				c.next[i] = c.next[i].Add(shareRate)
+			}
+		}
+		c.rr++
+		for j, k := range keys {
+			l := c.nodes[(c.rr+j)%len(c.nodes)]
+			res, err := l.Allow(ctx, k)
+			require.NoError(c.t, err)
+			if res.Allowed {
+				perSecond[k][int(now.Sub(start)/time.Second)]++
+			}
+		}
+	}
+	return perSecond
+}
+
 func sum(xs []int) (n int) {
 	for _, x := range xs {
 		n += x
@@ -206,6 +238,55 @@ func TestShareDuringAnOutage(t *testing.T) {
 			assertNear(t, outage, 1, 0.05, fmt.Sprintf("share %v, store down %v into a window", typ, at))
 			assertNear(t, after, 1, 0.03, fmt.Sprintf("share %v, store back (down %v into a window)", typ, at))
 		}
+	}
+}
+
+// shardDown is a store of two groups, as a Cluster's shards: key "a" in
+// group 1 and every other key in group 0. While down is set, group 1's
+// batches fail and group 0's are applied.
+type shardDown struct {
+	store.Store
+	down atomic.Bool
+}
+
+func (s *shardDown) Group(key string) int {
+	if key == "a" {
+		return 1
+	}
+	return 0
+}
+
+func (s *shardDown) Push(ctx context.Context, batches []*store.Batch) error {
+	up := make([]*store.Batch, 0, len(batches))
+	for _, b := range batches {
+		if s.down.Load() && b.Group == 1 {
+			b.Status, b.Err = store.Failed, errDown
+			continue
+		}
+		up = append(up, b)
+	}
+	return s.Store.Push(ctx, up)
+}
+
+// While the shard of one key is down and the other shards answer, the
+// key's nodes each admit their share of its limit, as in a whole store's
+// outage: a hand-off to the plain rule ends two sync periods after the
+// key's own last sync, whatever the other keys' syncs do.
+func TestShareDuringAShardOutage(t *testing.T) {
+	for _, at := range []time.Duration{0, 60 * time.Millisecond, 120 * time.Millisecond} {
+		var st *shardDown
+		c := newShareClusterOf(t, 4, Share, Fixed, func(m *store.Memory) store.Store {
+			st = &shardDown{Store: m}
+			return st
+		})
+		gap := time.Second / (2 * shareLimit)
+		c.runKeys([]string{"a", "b"}, 5*time.Second+at, gap)
+		st.down.Store(true)
+		outage := c.runKeys([]string{"a", "b"}, 5*time.Second, gap)
+		st.down.Store(false)
+		t.Logf("shard of a down %v into a window: a %v, b %v", at, outage["a"], outage["b"])
+		assertNear(t, outage["a"], 1, 0.05, fmt.Sprintf("a, its shard down %v into a window", at))
+		assertNear(t, outage["b"], 1, 0.03, fmt.Sprintf("b, its shard up (a's down %v into a window)", at))
 	}
 }
 

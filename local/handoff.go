@@ -1,7 +1,5 @@
 package local
 
-import "time"
-
 // The handoff with the sync loop. Take moves an entry's pending increments
 // to in-flight and describes them as Pushes; after the store answers, the
 // loop hands the pushes back with Settle (applied, with the store's
@@ -179,9 +177,6 @@ func (t *Table) readsPrev(e *Entry, i int, win, now int64) (read, again bool) {
 // Settle writes back what the store answered for pushes of e that it
 // applied at about now: totals[k] is the store's counter after pushes[k].
 func (t *Table) Settle(e *Entry, now int64, pushes []Push, totals []int64) {
-	if t.share && now > t.settled.Load()+int64(time.Millisecond) {
-		t.settled.Store(now)
-	}
 	t.mu(e).Lock()
 	defer t.mu(e).Unlock()
 	if t.share && t.shareOf(e, 0) == nil && t.othersShown(e, pushes, totals) {

@@ -81,12 +81,13 @@ const (
 	peakWindows = 2.0
 	// handoffPeriods is how long, in sync periods (Options.SyncRate or
 	// the key's measured one, the longer), a sync's hand-off of a key to
-	// the plain rule for its quota left (headroomFactor) outlasts the
-	// store's last answer to this node (Table.settled). While the store answers, the key's next sync renews
-	// or ends the hand-off; when it stops (an outage), the share decides
-	// again once that time has passed: the quota left that justified the
-	// hand-off lasts about headroomFactor sync periods at the cluster's
-	// pace, and the plain rule on every node would spend it N times over.
+	// the plain rule for its quota left (headroomFactor) lasts. While the
+	// store answers for the key, its next sync renews or ends the
+	// hand-off; when it stops (an outage, or in a Cluster the outage of
+	// the key's shard alone), the share decides again once that time has
+	// passed: the quota left that justified the hand-off lasts about
+	// headroomFactor sync periods at the cluster's pace, and the plain
+	// rule on every node would spend it N times over.
 	handoffPeriods = headroomFactor
 )
 
@@ -96,7 +97,7 @@ type snapshot struct {
 	seq   atomic.Uint64 // odd while being written
 	win   atomic.Int64  // the window the sync read; 0: none yet
 	base  atomic.Int64  // the counter's base right after the sync
-	hold  atomic.Int64  // > 0: the plain rule decides until hold (ns) after Table.settled
+	hold  atomic.Int64  // > 0: the plain rule decides until this instant (ns)
 	share atomic.Uint64 // float64 bits
 	lag   atomic.Uint64 // float64 bits
 	dith  atomic.Uint64 // float64 bits
@@ -316,7 +317,7 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 			// The plain rule decides until the next sync, as long as the
 			// store answers; past that, the share with the dither's mean.
 			v.share, v.lag = share, lag
-			v.hold, v.dith = max(int64(handoffPeriods*max(st.period, float64(t.syncRate))), 1), 0.5
+			v.hold, v.dith = now+max(int64(handoffPeriods*max(st.period, float64(t.syncRate))), 1), 0.5
 		default:
 			v.share, v.lag, v.dith = share, lag, t.rng.Float64()
 		}
@@ -356,7 +357,7 @@ func (t *Table) shareRoomOf(e *Entry, i int, prev, cur, win, el int64) (snapValu
 		return snapValues{}, 0, false
 	}
 	v, ok := x.snap.load()
-	if !ok || t.handedOff(v, win, el, t.rules[i].w) {
+	if !ok || handedOff(v, win, el, t.rules[i].w) {
 		return v, 0, false
 	}
 	room, ok := t.rules[i].shareRoom(v, prev, cur, win, el)
@@ -365,9 +366,9 @@ func (t *Table) shareRoomOf(e *Entry, i int, prev, cur, win, el int64) (snapValu
 
 // handedOff reports whether the last sync's hand-off of a key to the plain
 // rule (snapshot v) still holds at el into window win of a rule of window
-// w: until v.hold past the store's last answer to this node.
-func (t *Table) handedOff(v snapValues, win, el, w int64) bool {
-	return v.hold > 0 && win*w+el < t.settled.Load()+v.hold
+// w: until v.hold, handoffPeriods past that sync.
+func handedOff(v snapValues, win, el, w int64) bool {
+	return v.hold > 0 && win*w+el < v.hold
 }
 
 // bucketRoom is shareRoom for a Buckets rule: b holds the window's bucket
@@ -409,7 +410,7 @@ func (t *Table) bucketShareRoomOf(e *Entry, i int, b []int64, win, el int64) (fl
 	if !ok {
 		return 0, false
 	}
-	if t.handedOff(v, win, el, t.rules[i].w) {
+	if handedOff(v, win, el, t.rules[i].w) {
 		return 0, false
 	}
 	return t.rules[i].bucketRoom(v, b, win)

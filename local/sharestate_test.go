@@ -35,48 +35,62 @@ func TestShareStateOnlyWhenShared(t *testing.T) {
 	assert.Equal(t, int64(5), st.total, "its statistics start at that sync")
 }
 
-// TestShareHandOffHoldsWhileTheStoreAnswers checks, over exact instants,
-// how long a sync's hand-off of a key to the plain rule holds: until hold
-// past the store's last answer to this node (Table.settled), after which
-// the share decides, and further while the store keeps answering.
-func TestShareHandOffHoldsWhileTheStoreAnswers(t *testing.T) {
-	const sec = int64(time.Second)
+// TestShareHandOffHoldsUntilItsDeadline checks, over exact instants, how
+// long a sync's hand-off of a key to the plain rule holds: two sync periods
+// past that sync of the key, after which the share decides (a store
+// outage). A sync of another key does not extend it (in a Cluster, the
+// other shards answering while the key's is down); the key's next sync
+// does.
+func TestShareHandOffHoldsUntilItsDeadline(t *testing.T) {
+	const sec, ms = int64(time.Second), int64(time.Millisecond)
 	tb := NewTable(Options{
 		Rules:   []Rule{NewRule(Spec{Kind: Fixed, Limit: 100, Window: time.Second})},
-		MaxKeys: 10, Syncing: true, Share: true, ReadPrev: 3 * sec,
+		MaxKeys: 10, Syncing: true, Share: true, ReadPrev: 3 * sec, SyncRate: 100 * ms,
 	})
 	start := 7 * sec
 	require.True(t, allow(t, tb, "k", 1, start))
 	e := entry(t, tb, "k")
+	// Two syncs 100 ms apart; between them this node and another admitted
+	// one each: a share of one half, and nearly all the quota left.
+	synced := start + 150*ms
 	tb.mu(e).Lock()
 	tb.newShares(e)
+	tb.settleShare(e, 0, synced-100*ms, 7, 2, 0, false, 1, 0)
+	tb.settleShare(e, 0, synced, 7, 4, 0, false, 1, 0)
 	tb.mu(e).Unlock()
-	const hold = 200 * int64(time.Millisecond) // two sync periods of 100 ms
-	tb.shareOf(e, 0).snap.store(snapValues{win: 7, base: 1, share: 0.25, hold: hold, dith: 0.5})
-	settled := start + 50*int64(time.Millisecond)
-	tb.settled.Store(settled)
+	v, ok := tb.shareOf(e, 0).snap.load()
+	require.True(t, ok)
+	require.InDelta(t, 0.5, v.share, 1e-9)
+	const hold = 200 * ms // two sync periods of 100 ms
+	require.Equal(t, synced+hold, v.hold, "handed off for two sync periods")
+	// Another key synced just before the deadline.
+	require.True(t, allow(t, tb, "other", 1, synced+hold-2))
+	o := entry(t, tb, "other")
+	pushes, _ := tb.Take(o, synced+hold-1, nil)
+	tb.Settle(o, synced+hold-1, pushes, []int64{1})
 	for _, tc := range []struct {
 		at      int64
 		applies bool
 	}{
-		{settled, false},
-		{settled + hold - 1, false},
-		{settled + hold, true},
-		{settled + hold + 1, true},
+		{synced, false},
+		{synced + hold - 1, false},
+		{synced + hold, true},
+		{synced + hold + 1, true},
 	} {
 		_, room, applies := tb.shareRoomOf(e, 0, 0, 1, 7, tc.at-start)
-		assert.Equal(t, tc.applies, applies, "settled%+d ns", tc.at-settled)
+		assert.Equal(t, tc.applies, applies, "synced%+d ns", tc.at-synced)
 		if applies {
-			// known: the window's 1 at the sync; own: nothing since.
-			assert.InDelta(t, 0.25*(100-1)+0.5, room, 1e-9, "settled%+d ns", tc.at-settled)
+			// The counter's base, 0 (no push taken: known 0, own 1), and
+			// the dither's mean.
+			assert.InDelta(t, 0.5*(100-0-v.lag)+0.5-1, room, 1e-9, "synced%+d ns", tc.at-synced)
 		}
 	}
-	tb.settled.Store(settled + hold) // the store answered again
-	_, _, applies := tb.shareRoomOf(e, 0, 0, 1, 7, settled+hold-start)
-	assert.False(t, applies, "the store answers: the hand-off holds")
-	tb.shareOf(e, 0).snap.store(snapValues{win: 7, base: 1, share: 0.25, dith: 0.5})
-	_, _, applies = tb.shareRoomOf(e, 0, 0, 1, 7, settled-start)
-	assert.True(t, applies, "no hand-off: the share decides")
+	// The key's own next sync renews the hand-off.
+	tb.mu(e).Lock()
+	tb.settleShare(e, 0, synced+100*ms, 7, 6, 0, false, 1, 0)
+	tb.mu(e).Unlock()
+	_, _, applies := tb.shareRoomOf(e, 0, 0, 1, 7, synced+hold-start)
+	assert.False(t, applies, "renewed by the key's next sync")
 }
 
 // TestShareRemembersAFixedWindowsBurst checks, over exact syncs, that the

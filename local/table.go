@@ -137,10 +137,6 @@ type Table struct {
 
 	rng      *rand.Rand // the share policy's dither; used by Settle only, one at a time
 	syncRate int64      // Options.SyncRate
-	// settled is the instant (ns) of the last Settle, to the millisecond:
-	// the store answered this node then. A share policy's hand-off of a
-	// key to the plain rule holds while the store keeps answering.
-	settled atomic.Int64
 
 	simple bool  // one Sliding or Fixed rule: the short decision path
 	rule0  *Rule // &rules[0]
