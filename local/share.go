@@ -75,9 +75,9 @@ const (
 	// of a window the burst still counts 0.6 of itself a window later;
 	// over four, the catch-up of an outage's increments, which the others
 	// push in one sync, made the nodes deny 4 % under the limit for four
-	// windows after it (TestShareDuringAnOutage).
-	// The cost is a little caution after a burst that is not repeated
-	// (docs/design.md, "Fixed windows under overload").
+	// windows after it (TestShareDuringAnOutage). The cost is a little
+	// caution after a burst that is not repeated (docs/design.md, "Fixed
+	// windows under overload").
 	peakWindows = 2.0
 	// handoffPeriods is how long, in sync periods (Options.SyncRate or
 	// the key's measured one, the longer), a sync's hand-off of a key to
@@ -314,8 +314,9 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 			// Too few requests per sync for a share: the plain rule,
 			// until the next sync whenever it comes.
 		case headroom >= headroomFactor*max(st.allAvg, float64(st.allPeak)):
-			// The plain rule decides until the next sync, as long as the
-			// store answers; past that, the share with the dither's mean.
+			// The plain rule decides until the key's next sync, for at
+			// most handoffPeriods; past that, the share with the
+			// dither's mean.
 			v.share, v.lag = share, lag
 			v.hold, v.dith = now+max(int64(handoffPeriods*max(st.period, float64(t.syncRate))), 1), 0.5
 		default:
