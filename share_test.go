@@ -103,32 +103,13 @@ func (c *shareCluster) remove(i int) {
 // syncing every node on its schedule, and returns the admissions per
 // second of the run.
 func (c *shareCluster) run(key string, d, gap time.Duration) []int {
-	ctx := context.Background()
-	end := c.mock.Now().Add(d)
-	perSecond := make([]int, int((d+time.Second-1)/time.Second))
-	start := c.mock.Now()
-	for now := c.mock.Now(); now.Before(end); now = now.Add(gap) {
-		c.mock.Set(now)
-		for i, l := range c.nodes {
-			for !c.next[i].After(now) {
-				_ = l.Sync(ctx) // a failing store is part of some tests
-				c.next[i] = c.next[i].Add(shareRate)
-			}
-		}
-		l := c.nodes[c.rr%len(c.nodes)]
-		c.rr++
-		res, err := l.Allow(ctx, key)
-		require.NoError(c.t, err)
-		if res.Allowed {
-			perSecond[int(now.Sub(start)/time.Second)]++
-		}
-	}
-	return perSecond
+	return c.runKeys([]string{key}, d, gap)[key]
 }
 
-// runKeys is run with requests for each of keys every gap, round robin
-// over the nodes for each key, and returns each key's admissions per
-// second.
+// runKeys sends requests for each of keys every gap, round robin over the
+// nodes (the keys of one instant to consecutive nodes), for d, syncing
+// every node on its schedule, and returns each key's admissions per
+// second of the run.
 func (c *shareCluster) runKeys(keys []string, d, gap time.Duration) map[string][]int {
 	ctx := context.Background()
 	end := c.mock.Now().Add(d)
@@ -145,7 +126,6 @@ func (c *shareCluster) runKeys(keys []string, d, gap time.Duration) map[string][
 				c.next[i] = c.next[i].Add(shareRate)
 			}
 		}
-		c.rr++
 		for j, k := range keys {
 			l := c.nodes[(c.rr+j)%len(c.nodes)]
 			res, err := l.Allow(ctx, k)
@@ -154,6 +134,7 @@ func (c *shareCluster) runKeys(keys []string, d, gap time.Duration) map[string][
 				perSecond[k][int(now.Sub(start)/time.Second)]++
 			}
 		}
+		c.rr++
 	}
 	return perSecond
 }
