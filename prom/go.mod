@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125012045-0eb95c585210
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125012133-309e3e352ad6
 	github.com/stretchr/testify v1.12.1
 )
 
