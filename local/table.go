@@ -27,8 +27,8 @@ type Options struct {
 	// the plain rule. It needs Syncing.
 	Share bool
 	// SyncRate is the sync loop's period (ns), for the share policy: a
-	// sync's hand-off of a key to the plain rule outlasts the store's last
-	// answer by two periods, this one or the measured one, the longer.
+	// sync's hand-off of a key to the plain rule lasts two periods past
+	// that sync of the key, this one or the measured one, the longer.
 	SyncRate int64
 	// Seed, when not zero, seeds the table's random draws (the share
 	// policy's dither), so that a run can be repeated.
