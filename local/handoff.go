@@ -230,12 +230,17 @@ func (t *Table) settleShares(e *Entry, now int64, pushes []Push, totals []int64)
 		}
 		var prev, ownPrev int64
 		prevRead := false
+		ownSpan, first := p.Delta, p.Win-t.rules[p.Rule].span+1
 		for j := k + 1; j < len(pushes) && pushes[j].Rule == p.Rule; j++ {
-			if pushes[j].kind == pushPrev {
-				prev, ownPrev, prevRead = totals[j], pushes[j].Delta, true
+			q := &pushes[j]
+			if q.kind == pushPrev {
+				prev, ownPrev, prevRead = totals[j], q.Delta, true
+			}
+			if q.Win >= first && q.Win < p.Win {
+				ownSpan += q.Delta // a Buckets rule's closed bucket in its window
 			}
 		}
-		t.settleShare(e, p.Rule, now, p.Win, totals[k], prev, prevRead, p.Delta, ownPrev)
+		t.settleShare(e, p.Rule, now, p.Win, totals[k], prev, prevRead, p.Delta, ownPrev, ownSpan)
 	}
 }
 

@@ -30,9 +30,14 @@ import (
 // the nodes' shares add up to one, so the cluster spends what is free.
 // When no sync has happened for a window or more (a store outage), known
 // falls to zero and the rule becomes own ≤ share·limit: the node keeps
-// admitting its part of the limit. A key whose node has not synced it yet,
-// or that sees too few requests per sync for a share to mean anything,
-// falls back to the plain rule.
+// admitting its part of the limit. From two sync periods past its last
+// sync (handoffPeriods), the share is the safe one: the lower of the last
+// sync's and the share as the previous window ended, as a burst's syncs
+// skew the averages upward on every node. After an outage, for a Fixed or
+// Buckets rule, that rule caps the share for a few syncs (outagePeriods)
+// while the other nodes push what they admitted in it. A key whose node
+// has not synced it yet, or that sees too few requests per sync for a
+// share to mean anything, falls back to the plain rule.
 
 // Tuning of the share policy, measured with the simulation (see
 // docs/design.md for the figures).
@@ -89,23 +94,40 @@ const (
 	// headroomFactor sync periods at the cluster's pace, and the plain
 	// rule on every node would spend it N times over.
 	handoffPeriods = headroomFactor
+	// outagePeriods is for how many syncs of a key after a store outage
+	// a Fixed or Buckets rule recovers (settleShare): the other nodes push
+	// what they admitted in the outage once their backoff ends, at most
+	// 10 sync periods (sync.backoffRates) after the store is back.
+	outagePeriods = 12
 )
 
 // snapshot is what a decision needs of a counter's last sync, published by
 // Settle with a sequence lock.
 type snapshot struct {
-	seq   atomic.Uint64 // odd while being written
-	win   atomic.Int64  // the window the sync read; 0: none yet
-	base  atomic.Int64  // the counter's base right after the sync
-	hold  atomic.Int64  // > 0: the plain rule decides until this instant (ns)
-	share atomic.Uint64 // float64 bits
-	lag   atomic.Uint64 // float64 bits
-	dith  atomic.Uint64 // float64 bits
+	seq     atomic.Uint64 // odd while being written
+	win     atomic.Int64  // the window the sync read; 0: none yet
+	base    atomic.Int64  // the counter's base right after the sync
+	until   atomic.Int64  // > 0: from this instant (ns) the safe share decides
+	share   atomic.Uint64 // float64 bits
+	dith    atomic.Uint64 // float64 bits
+	lagSafe atomic.Uint64 // lag and safe, float32 bits each
 }
 
+// snapValues is a snapshot's content. A share of 1 leaves the decision to
+// the plain rule. Until `until` (0: no deadline) share decides; from then
+// on, when no later sync of the key has answered, safe does (snapValues.at).
 type snapValues struct {
-	win, base, hold  int64
-	share, lag, dith float64
+	win, base, until       int64
+	share, lag, dith, safe float64
+}
+
+// at returns v as a decision at instant now uses it: share replaced by
+// safe from v.until on.
+func (v snapValues) at(now int64) snapValues {
+	if v.until > 0 && now >= v.until {
+		v.share = v.safe
+	}
+	return v
 }
 
 func (sn *snapshot) load() (v snapValues, ok bool) {
@@ -114,13 +136,15 @@ func (sn *snapshot) load() (v snapValues, ok bool) {
 		if s&1 != 0 {
 			continue
 		}
+		ls := sn.lagSafe.Load()
 		v = snapValues{
 			win:   sn.win.Load(),
 			base:  sn.base.Load(),
-			hold:  sn.hold.Load(),
+			until: sn.until.Load(),
 			share: math.Float64frombits(sn.share.Load()),
-			lag:   math.Float64frombits(sn.lag.Load()),
 			dith:  math.Float64frombits(sn.dith.Load()),
+			lag:   float64(math.Float32frombits(uint32(ls))),
+			safe:  float64(math.Float32frombits(uint32(ls >> 32))),
 		}
 		if sn.seq.Load() == s {
 			return v, v.win != 0
@@ -133,10 +157,10 @@ func (sn *snapshot) store(v snapValues) {
 	sn.seq.Add(1)
 	sn.win.Store(v.win)
 	sn.base.Store(v.base)
-	sn.hold.Store(v.hold)
+	sn.until.Store(v.until)
 	sn.share.Store(math.Float64bits(v.share))
-	sn.lag.Store(math.Float64bits(v.lag))
 	sn.dith.Store(math.Float64bits(v.dith))
+	sn.lagSafe.Store(uint64(math.Float32bits(float32(v.lag))) | uint64(math.Float32bits(float32(v.safe)))<<32)
 	sn.seq.Add(1)
 }
 
@@ -155,15 +179,25 @@ type shareState struct {
 // Guarded by the entry's mutex.
 type shareStats struct {
 	at       int64   // instant of the last sync (ns), 0: none yet
-	win      int64   // window of the last sync's current counter
-	total    int64   // the store's total of that window then
+	total    int64   // the store's total of that sync's window (snapshot.win) then
 	ownAvg   float64 // running average of this node's increments per sync
 	allAvg   float64 // running average of the cluster's increments per sync
 	rate     float64 // the other nodes' admissions per ns, recently
 	period   float64 // running average of the time between syncs (ns)
 	allPeak  float32 // the cluster's most increments in one sync, fading (peakWindows)
 	ratePeak float32 // the other nodes' highest rate, fading as allPeak
-	samples  int32   // syncs averaged so far, up to math.MaxInt32
+	winShare float32 // the share as of the last sync of an earlier window, 0: none
+	ownWin   float32 // while recovering: this node's increments in the rule's window since the outage
+	samples  int16   // syncs averaged so far, up to math.MaxInt16
+	recover  int16   // syncs left under the outage's cap (Fixed and Buckets rules), 0: none
+}
+
+// share returns the share the averages give, 1 when they give none.
+func (st *shareStats) share() float64 {
+	if st.samples >= 1 && st.allAvg > 0 && st.ownAvg < st.allAvg {
+		return max(st.ownAvg/st.allAvg, shareMin)
+	}
+	return 1
 }
 
 // shareRoom returns what the share policy allows at counts prev and cur
@@ -238,25 +272,65 @@ func (t *Table) newShares(e *Entry) {
 
 // settleShare updates rule i's share statistics after a sync at now that
 // read the store's totals cur (window win) and, when prevRead, prev
-// (window win−1), having pushed ownCur and ownPrev; then it publishes the
-// snapshot decisions use. Call with e's mutex held, once e has its share states.
-func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead bool, ownCur, ownPrev int64) {
+// (window win−1), having pushed ownCur and ownPrev (and ownSpan into the
+// windows a Buckets rule counts, ownCur for the others); then it publishes
+// the snapshot decisions use. Call with e's mutex held, once e has its
+// share states.
+func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead bool, ownCur, ownPrev, ownSpan int64) {
 	x := t.shareOf(e, i)
 	st := &x.st
 	r := &t.rules[i]
+	last, _ := x.snap.load() // the last sync's (this goroutine is its only writer)
 	var others int64
 	known := true
 	switch {
 	case st.at == 0:
 		known = false
-	case st.win == win:
+	case last.win == win:
 		others = cur - st.total - ownCur
-	case st.win == win-1 && prevRead:
+	case last.win == win-1 && prevRead:
 		others = (prev - st.total - ownPrev) + (cur - ownCur)
 	default:
 		known = false
 	}
-	if known && now > st.at {
+	// The key's last sync is past its deadline: a store outage (or the
+	// key left idle on this node), decided by the safe share. The
+	// averages may hold a burst half seen: they go on from that share.
+	// The other nodes push what they admitted meanwhile over their next
+	// syncs, some only after their backoff: until then the store's totals
+	// lack it, and then it is no traffic of theirs. For the next
+	// outagePeriods syncs of a Fixed or Buckets rule (recovering), the
+	// averages take no sample, nothing is handed to the plain rule, and
+	// the outage's rule (own in the window ≤ safe·limit) caps the room.
+	gap := st.at != 0 && last.until > 0 && now >= last.until
+	switch {
+	case gap:
+		st.ownAvg = min(st.ownAvg, last.safe*st.allAvg)
+		st.recover, st.ownWin = 0, 0
+		if r.fixed {
+			st.recover, st.ownWin = outagePeriods, float32(ownSpan)
+		}
+	case st.recover > 0:
+		st.recover--
+		if r.kind == Fixed && last.win != win {
+			st.ownWin = 0 // a new window
+		}
+		st.ownWin += float32(ownCur)
+		if r.kind == Buckets {
+			st.ownWin += float32(ownPrev)
+		}
+	}
+	if st.recover > 0 && r.kind == Buckets {
+		// The others' pushes of the outage reach closed buckets after
+		// ReadPrev: the next take reads them all again.
+		t.ext(e).oldReads |= oldAll << i
+	}
+	if st.at != 0 && last.win != win {
+		// The share as the previous window ended, before its last
+		// increments enter the averages (safeShare).
+		st.winShare = float32(st.share())
+	}
+	if known && now > st.at && st.recover == 0 {
 		dt := float64(now - st.at)
 		o := float64(max(others, 0))
 		own := float64(ownCur + ownPrev)
@@ -277,12 +351,11 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 			st.rate += rateAlpha * (o/dt - st.rate)
 			st.period += 0.25 * (dt - st.period)
 		}
-		st.samples = min(st.samples, math.MaxInt32-1) + 1
+		st.samples = min(st.samples, math.MaxInt16-1) + 1
 	}
-	st.at, st.win, st.total = now, win, cur
+	st.at, st.total = now, cur
 	v := snapValues{win: win, base: e.ctr(i).base.Load(), share: 1}
-	if st.samples >= 1 && st.allAvg > 0 && st.ownAvg < st.allAvg {
-		share := max(st.ownAvg/st.allAvg, shareMin)
+	if share := st.share(); share < 1 {
 		// The others' admissions not yet in the store: their rate over
 		// half a period. A Fixed window's quota goes in a burst at its
 		// start, which the recent rate (the idle end of the last window)
@@ -291,11 +364,7 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 		if r.fixed {
 			rate = max(rate, float64(st.ratePeak))
 		}
-		lag := rate * st.period * lagFactor
-		// The quota left once the others' unpushed admissions are counted:
-		// while it holds more than what the cluster admits in a few sync
-		// periods, no node can run it out before the next sync, and the
-		// plain rule decides (no false denials under the limit).
+		// The cluster's count as the store holds it.
 		var known float64
 		if r.kind == Buckets {
 			var buf [maxBuckets]int64
@@ -308,19 +377,35 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 			}
 			known = float64(e.ctr(i).prev.Load())*weight + float64(cur)
 		}
+		// Past handoffPeriods without a sync of the key (a store outage),
+		// the safe share decides, with the dither's mean.
+		until := now + max(int64(handoffPeriods*max(st.period, float64(t.syncRate))), 1)
+		safe := share
+		if st.winShare > 0 {
+			safe = min(share, float64(st.winShare))
+		}
+		lag := rate * st.period * lagFactor
+		if st.recover > 0 {
+			// Recovering: lag large enough that the room is at most the
+			// outage's, safe·limit + dither − own in the window.
+			lag = max(lag, r.limitF-known-(safe*r.limitF-float64(st.ownWin))/share)
+		}
+		// The quota left once the others' unpushed admissions are counted:
+		// while it holds more than what the cluster admits in a few sync
+		// periods, no node can run it out before the next sync, and the
+		// plain rule decides (no false denials under the limit).
 		headroom := r.limitF - known - lag
 		switch {
 		case share*r.limitF*st.period*r.invW < shareMinCount:
 			// Too few requests per sync for a share: the plain rule,
 			// until the next sync whenever it comes.
-		case headroom >= headroomFactor*max(st.allAvg, float64(st.allPeak)):
+		case st.recover == 0 && headroom >= headroomFactor*max(st.allAvg, float64(st.allPeak)):
 			// The plain rule decides until the key's next sync, for at
-			// most handoffPeriods; past that, the share with the
-			// dither's mean.
-			v.share, v.lag = share, lag
-			v.hold, v.dith = now+max(int64(handoffPeriods*max(st.period, float64(t.syncRate))), 1), 0.5
+			// most handoffPeriods.
+			v.until, v.safe, v.lag, v.dith = until, safe, lag, 0.5
 		default:
 			v.share, v.lag, v.dith = share, lag, t.rng.Float64()
+			v.until, v.safe = until, safe
 		}
 	}
 	x.snap.store(v)
@@ -358,18 +443,12 @@ func (t *Table) shareRoomOf(e *Entry, i int, prev, cur, win, el int64) (snapValu
 		return snapValues{}, 0, false
 	}
 	v, ok := x.snap.load()
-	if !ok || handedOff(v, win, el, t.rules[i].w) {
+	if !ok {
 		return v, 0, false
 	}
+	v = v.at(win*t.rules[i].w + el)
 	room, ok := t.rules[i].shareRoom(v, prev, cur, win, el)
 	return v, room, ok
-}
-
-// handedOff reports whether the last sync's hand-off of a key to the plain
-// rule (snapshot v) still holds at el into window win of a rule of window
-// w: until v.hold, handoffPeriods past that sync.
-func handedOff(v snapValues, win, el, w int64) bool {
-	return v.hold > 0 && win*w+el < v.hold
 }
 
 // bucketRoom is shareRoom for a Buckets rule: b holds the window's bucket
@@ -411,8 +490,5 @@ func (t *Table) bucketShareRoomOf(e *Entry, i int, b []int64, win, el int64) (fl
 	if !ok {
 		return 0, false
 	}
-	if handedOff(v, win, el, t.rules[i].w) {
-		return 0, false
-	}
-	return t.rules[i].bucketRoom(v, b, win)
+	return t.rules[i].bucketRoom(v.at(win*t.rules[i].w+el), b, win)
 }

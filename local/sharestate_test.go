@@ -30,9 +30,9 @@ func TestShareStateOnlyWhenShared(t *testing.T) {
 	takeSettle(tb, e, 5*w+6, 4) // the store's total grew by 4 more than pushed
 	require.NotNil(t, tb.shareOf(e, 0), "another node's increments: a state")
 	assert.True(t, e.has(flagShared))
-	st := tb.shareOf(e, 0).st
-	assert.Equal(t, int64(5), st.win, "its statistics start at that sync")
-	assert.Equal(t, int64(5), st.total, "its statistics start at that sync")
+	x := tb.shareOf(e, 0)
+	assert.Equal(t, int64(5), x.snap.win.Load(), "its statistics start at that sync")
+	assert.Equal(t, int64(5), x.st.total, "its statistics start at that sync")
 }
 
 // TestShareHandOffHoldsUntilItsDeadline checks, over exact instants, how
@@ -55,14 +55,15 @@ func TestShareHandOffHoldsUntilItsDeadline(t *testing.T) {
 	synced := start + 150*ms
 	tb.mu(e).Lock()
 	tb.newShares(e)
-	tb.settleShare(e, 0, synced-100*ms, 7, 2, 0, false, 1, 0)
-	tb.settleShare(e, 0, synced, 7, 4, 0, false, 1, 0)
+	tb.settleShare(e, 0, synced-100*ms, 7, 2, 0, false, 1, 0, 1)
+	tb.settleShare(e, 0, synced, 7, 4, 0, false, 1, 0, 1)
 	tb.mu(e).Unlock()
 	v, ok := tb.shareOf(e, 0).snap.load()
 	require.True(t, ok)
-	require.InDelta(t, 0.5, v.share, 1e-9)
+	require.Equal(t, 1.0, v.share, "handed off to the plain rule")
+	require.InDelta(t, 0.5, v.safe, 1e-7, "then a share of one half")
 	const hold = 200 * ms // two sync periods of 100 ms
-	require.Equal(t, synced+hold, v.hold, "handed off for two sync periods")
+	require.Equal(t, synced+hold, v.until, "handed off for two sync periods")
 	// Another key synced just before the deadline.
 	require.True(t, allow(t, tb, "other", 1, synced+hold-2))
 	o := entry(t, tb, "other")
@@ -87,7 +88,7 @@ func TestShareHandOffHoldsUntilItsDeadline(t *testing.T) {
 	}
 	// The key's own next sync renews the hand-off.
 	tb.mu(e).Lock()
-	tb.settleShare(e, 0, synced+100*ms, 7, 6, 0, false, 1, 0)
+	tb.settleShare(e, 0, synced+100*ms, 7, 6, 0, false, 1, 0, 1)
 	tb.mu(e).Unlock()
 	_, _, applies := tb.shareRoomOf(e, 0, 0, 1, 7, synced+hold-start)
 	assert.False(t, applies, "renewed by the key's next sync")
@@ -134,7 +135,7 @@ func TestShareRemembersAFixedWindowsBurst(t *testing.T) {
 		for k, s := range syncs {
 			prevRead := s.win == 8
 			ownCur, ownPrev := s.own, int64(0)
-			tb.settleShare(e, 0, s.at, s.win, s.cur, s.prev, prevRead, ownCur, ownPrev)
+			tb.settleShare(e, 0, s.at, s.win, s.cur, s.prev, prevRead, ownCur, ownPrev, ownCur)
 			if k == 1 {
 				assert.Equal(t, float32(600), tb.shareOf(e, 0).st.allPeak, "%v: the burst's sync", tc.kind)
 			}
@@ -142,8 +143,158 @@ func TestShareRemembersAFixedWindowsBurst(t *testing.T) {
 		tb.mu(e).Unlock()
 		v, ok := tb.shareOf(e, 0).snap.load()
 		require.True(t, ok)
-		assert.Equal(t, tc.handOff, v.hold > 0, "%v: hand-off at the next window's first sync", tc.kind)
+		assert.Equal(t, tc.handOff, v.share == 1, "%v: hand-off at the next window's first sync", tc.kind)
 		assert.InDelta(t, 0.25, v.share, 1e-9, "%v", tc.kind)
 		assert.InDelta(t, tc.lag, v.lag, tc.lagDelta, "%v: the others' unpushed admissions", tc.kind)
 	}
+}
+
+// TestShareOutageMidBurstDecidesByTheSettledShare checks, over exact
+// syncs, which share decides once a key's syncs stop in the middle of a
+// Fixed window's burst (a store outage). A node's own push enters its
+// average at its sync, the others' only at its next one, so the averages
+// taken mid-burst give every node more than its part, and the frozen
+// shares add up to more than one. From the hand-off deadline on, the share
+// as the previous window ended decides, when lower.
+func TestShareOutageMidBurstDecidesByTheSettledShare(t *testing.T) {
+	const sec, ms = int64(time.Second), int64(time.Millisecond)
+	type sync struct{ at, win, cur, prev, own int64 }
+	for _, tc := range []struct {
+		name  string
+		burst []sync // window 7's first syncs: this node's quarter of the burst
+		// whether window 8's first sync hands the key to the plain rule
+		// (a burst seen in one sync leaves too little headroom for it)
+		handOff bool
+	}{
+		{"burst over two syncs", []sync{{7*sec + 50*ms, 7, 300, 0, 75}, {7*sec + 150*ms, 7, 600, 0, 75}}, true},
+		{"burst in one sync", []sync{{7*sec + 1*ms, 7, 0, 0, 0}, {7*sec + 50*ms, 7, 600, 0, 150}, {7*sec + 150*ms, 7, 600, 0, 0}}, false},
+	} {
+		syncs := tc.burst
+		for at := 7*sec + 250*ms; at < 8*sec; at += 100 * ms {
+			syncs = append(syncs, sync{at, 7, 600, 0, 0})
+		}
+		// Window 8's first sync: this node pushed its part of the new
+		// burst, the others' is not in the store yet. The store is lost
+		// after it.
+		last := sync{8*sec + 50*ms, 8, 150, 600, 150}
+		syncs = append(syncs, last)
+		tb := NewTable(Options{
+			Rules:   []Rule{NewRule(Spec{Kind: Fixed, Limit: 600, Window: time.Second})},
+			MaxKeys: 10, Syncing: true, Share: true, ReadPrev: 3 * sec, SyncRate: 100 * ms,
+		})
+		require.True(t, allow(t, tb, "k", 1, 7*sec))
+		e := entry(t, tb, "k")
+		tb.mu(e).Lock()
+		tb.newShares(e)
+		for _, s := range syncs {
+			tb.settleShare(e, 0, s.at, s.win, s.cur, s.prev, s.win == 8, s.own, 0, s.own)
+		}
+		skewed := tb.shareOf(e, 0).st.share()
+		tb.mu(e).Unlock()
+		require.Greater(t, skewed, 0.3, "%s: the averages mid-burst", tc.name)
+		v, ok := tb.shareOf(e, 0).snap.load()
+		require.True(t, ok)
+		assert.Equal(t, tc.handOff, v.share == 1, "%s: hand-off", tc.name)
+		if !tc.handOff {
+			assert.InDelta(t, skewed, v.share, 1e-9, "%s: until the deadline, the averages' share", tc.name)
+		}
+		assert.InDelta(t, 0.25, v.safe, 1e-6, "%s: the share as window 7 ended", tc.name)
+		require.Equal(t, last.at+200*ms, v.until, "%s: two sync periods past the last sync", tc.name)
+		for _, c := range []struct {
+			at    int64
+			share float64
+		}{
+			{v.until - 1, v.share},
+			{v.until, 0.25},
+			{10 * sec, 0.25}, // two windows on: the rule is own ≤ share·limit
+		} {
+			win, el := WindowOf(c.at, sec)
+			_, room, applies := tb.shareRoomOf(e, 0, 0, 0, win, el)
+			if c.share >= 1 {
+				assert.False(t, applies, "%s, at %d ms: the plain rule", tc.name, c.at/ms)
+				continue
+			}
+			require.True(t, applies, "%s, at %d ms", tc.name, c.at/ms)
+			// The table saw no push: the counter's base is 0, and so are
+			// own and known.
+			want := c.share*(600-v.lag) + v.dith
+			if win > 8 {
+				want = c.share*600 + v.dith
+			}
+			assert.InDelta(t, want, room, 1e-3, "%s, at %d ms", tc.name, c.at/ms)
+		}
+	}
+}
+
+// TestShareRecoversFromAnOutage checks, over exact syncs, a Fixed rule's
+// first syncs after a store outage. The store's totals lack what the
+// other nodes admitted in the outage until they push it, after their
+// backoff: the plain rule on every node would spend it again. For
+// outagePeriods syncs the node gets no hand-off, its averages take no
+// sample (the others' late pushes are no traffic of theirs), and its room
+// is at most the outage's: safe·limit + dither − what it admitted in the
+// window.
+func TestShareRecoversFromAnOutage(t *testing.T) {
+	const sec, ms = int64(time.Second), int64(time.Millisecond)
+	tb := NewTable(Options{
+		Rules:   []Rule{NewRule(Spec{Kind: Fixed, Limit: 600, Window: time.Second})},
+		MaxKeys: 10, Syncing: true, Share: true, ReadPrev: 3 * sec, SyncRate: 100 * ms,
+	})
+	require.True(t, allow(t, tb, "k", 1, 7*sec))
+	e := entry(t, tb, "k")
+	settle := func(at, win, cur, prev, own int64) snapValues {
+		tb.mu(e).Lock()
+		tb.settleShare(e, 0, at, win, cur, prev, false, own, 0, own)
+		tb.mu(e).Unlock()
+		v, ok := tb.shareOf(e, 0).snap.load()
+		require.True(t, ok)
+		return v
+	}
+	tb.mu(e).Lock()
+	tb.newShares(e)
+	tb.mu(e).Unlock()
+	// Window 7: this node's quarter of the key's increments, every sync.
+	for k := int64(0); k < 10; k++ {
+		settle(7*sec+(10*k+5)*ms*10, 7, 40*(k+1), 0, 10)
+	}
+	// The store is lost from 7.95 s to 10 s. This node admitted 150 of
+	// window 10 meanwhile, a quarter of the limit; the others' 450 are not
+	// in the store yet.
+	samples := tb.shareOf(e, 0).st.samples
+	v := settle(10*sec+50*ms, 10, 150, 0, 150)
+	st := tb.shareOf(e, 0).st
+	assert.Equal(t, int16(outagePeriods), st.recover, "recovering")
+	assert.Equal(t, float32(150), st.ownWin)
+	require.Less(t, v.share, 1.0, "no hand-off: the quota left is not free")
+	assert.InDelta(t, 0.25, v.safe, 1e-6)
+	_, room, applies := tb.shareRoomOf(e, 0, 0, 150, 10, 60*ms)
+	require.True(t, applies)
+	assert.LessOrEqual(t, room, v.dith+1e-9, "the outage's room: 0.25·600 + dither − 150")
+	// Two more syncs: this node's own 5 count; the others' still missing.
+	settle(10*sec+150*ms, 10, 155, 0, 5)
+	v = settle(10*sec+250*ms, 10, 160, 0, 5)
+	st = tb.shareOf(e, 0).st
+	assert.Equal(t, int16(outagePeriods-2), st.recover)
+	assert.Equal(t, float32(160), st.ownWin)
+	require.Less(t, v.share, 1.0)
+	_, room, _ = tb.shareRoomOf(e, 0, 0, 160, 10, 260*ms)
+	assert.LessOrEqual(t, room, v.dith-10+1e-9, "the outage's room, less the 10 admitted since")
+	for at := 10*sec + 350*ms; at < 11*sec; at += 100 * ms {
+		settle(at, 10, 160, 0, 0)
+	}
+	st = tb.shareOf(e, 0).st
+	require.Equal(t, int16(outagePeriods-9), st.recover)
+	assert.Equal(t, int16(samples), st.samples, "no sample while recovering")
+	// The next window: the outage's increments are the last window's,
+	// and the cap counts this node's in the new one.
+	settle(11*sec+50*ms, 11, 20, 600, 5)
+	st = tb.shareOf(e, 0).st
+	assert.Equal(t, int16(outagePeriods-10), st.recover)
+	assert.Equal(t, float32(5), st.ownWin)
+	for k := range st.recover {
+		settle(11*sec+int64(150+100*k)*ms, 11, 20, 0, 0)
+	}
+	st = tb.shareOf(e, 0).st
+	assert.Zero(t, st.recover)
+	assert.Equal(t, int16(samples+1), st.samples, "the last sync of the recovery is a sample")
 }

@@ -43,6 +43,15 @@ func TestAccuracyOfTheSharePolicy(t *testing.T) {
 		// 160 requests per node per window, under the limit.
 		{name: "under the limit", args: []string{"-duration", "20s", "-pattern", "under", "-rules", "2000/1s"}, lo: -0.01, hi: 0.01, falseDeny: 0.01},
 		{name: "10s store outage", args: []string{"-outage", "20s+10s"}, lo: -2.5, hi: 2, naiveAtLeast: 20},
+		// The store lost 35 ms into a Fixed or Bucketed window at 6×, in
+		// its burst: the shares the nodes' last syncs gave add up to more
+		// than one, and once the store is back its totals lack what the
+		// others admitted in the outage until they push it (docs/design.md,
+		// "Store outages"). Deciding with those shares, and by the store's
+		// totals as soon as it answers: +6.16 % and +6.40 %, peaks 1.399
+		// and 1.391.
+		{name: "store lost mid-burst", args: []string{"-duration", "30s", "-outage", "20035ms+5s", "-rules", "800/1s:fixed", "-overload", "6", "-nodes", "4", "-keys", "1"}, lo: -1.5, hi: 1.5, peak: 1.15, naiveAtLeast: 40, configurations: "naive:20ms,async:20ms"},
+		{name: "store lost mid-burst, buckets", args: []string{"-duration", "30s", "-outage", "20035ms+5s", "-rules", "800/1s:buckets=10", "-overload", "6", "-nodes", "4", "-keys", "1"}, lo: -1.5, hi: 1.5, peak: 1.15, naiveAtLeast: 40, configurations: "naive:20ms,async:20ms"},
 		// Other algorithms, against an exact reference of the same one.
 		{name: "log 1/s as buckets", args: []string{"-duration", "20s", "-rules", "1000/1s:log"}, lo: -1.5, hi: 1.5, naiveAtLeast: 10},
 		{name: "log 10s as buckets", args: []string{"-duration", "30s", "-rules", "10000/10s:log"}, lo: -0.5, hi: 0.5},
