@@ -47,11 +47,12 @@ func (l *Loop) Flush(ctx context.Context) error {
 	for _, t := range l.cfg.Tables {
 		t.Close()
 	}
-	l.sendAll(ctx, l.all(), true)
+	l.noteFailing(l.sendAll(ctx, l.all(), true))
 	wait := 10 * time.Millisecond
 	for {
 		// What failed went back to its entries, which are queued again.
-		if !l.touched() && len(l.doubt) == 0 {
+		l.noteFailing(l.landDone())
+		if !l.touched() && len(l.doubt) == 0 && len(l.flights) == 0 {
 			if l.refusal != nil {
 				return l.unflushed(l.refusal)
 			}
@@ -73,7 +74,8 @@ func (l *Loop) Flush(ctx context.Context) error {
 		// Final takes again: an entry that a decision racing with Close
 		// created or touched after the first pass is sealed now, so that
 		// what this pass pushes is what the decisions report admitted.
-		l.sendTouched(ctx, true)
+		res, _ := l.sendTouched(ctx, true)
+		l.noteFailing(res)
 	}
 }
 

@@ -87,6 +87,7 @@ type Loop struct {
 	refusal  error // the final flush: why the store refused some ops
 	seq      uint64
 	doubt    []*batch       // batches in doubt, in the order they were first sent
+	flights  []*flight      // store calls push stopped waiting for, in the order sent
 	entries  []owned        // one chunk being sent
 	scratch  []*local.Entry // one chunk of touched entries
 	free     []*batch
@@ -179,7 +180,7 @@ func New(cfg Config) *Loop {
 	return l
 }
 
-// Failing reports whether the last store call failed.
+// Failing reports whether a batch failed in the last cycle whose calls returned.
 func (l *Loop) Failing() bool { return l.failing.Load() }
 
 // KeyFailing reports whether the store failed for key's group in the last
@@ -249,7 +250,12 @@ func (l *Loop) Cycle(ctx context.Context) error {
 	start := l.cfg.Clock.Now()
 	l.stats.running.Store(start.UnixNano())
 	defer l.stats.running.Store(0)
-	if !l.touched() && len(l.doubt) == 0 {
+	l.cycleFailed = l.stillFailing()
+	landed := l.landDone()
+	if !l.touched() && len(l.doubt) == 0 && landed.applied+landed.failed == 0 {
+		if len(l.flights) > 0 {
+			return nil // nothing to send, and an answer to wait for
+		}
 		if l.failing.Load() {
 			// Nothing to send, but the store was failing: probe it, so
 			// that a fail-closed limiter learns that it is back.
@@ -260,8 +266,9 @@ func (l *Loop) Cycle(ctx context.Context) error {
 		}
 		return nil
 	}
-	l.cycleFailed = map[int]bool{}
 	res, keys := l.sendTouched(ctx, false)
+	res.add(landed)
+	l.noteFailing(res)
 	failed := l.cycleFailed
 	l.failed.Store(&failed)
 	if res.applied == 0 && res.failed > 0 {
@@ -274,6 +281,36 @@ func (l *Loop) Cycle(ctx context.Context) error {
 			"cycle", d, "rate", l.cfg.Rate, "keys", keys)
 	}
 	return res.err()
+}
+
+// noteFailing sets Failing from the calls that returned in a cycle, res:
+// whether some batch failed, as long as one returned.
+func (l *Loop) noteFailing(res result) {
+	switch {
+	case res.failed > 0:
+		l.failing.Store(true)
+	case res.applied > 0:
+		l.failing.Store(false)
+	}
+}
+
+// stillFailing returns a new cycle's failing groups: those of the flights
+// under way that the last cycle found failing (their groups get no batch
+// until the flight lands).
+func (l *Loop) stillFailing() map[int]bool {
+	m := map[int]bool{}
+	last := l.failed.Load()
+	if last == nil || *last == nil {
+		return m
+	}
+	for _, f := range l.flights {
+		for _, b := range f.batches {
+			if (*last)[b.sb.Group] {
+				m[b.sb.Group] = true
+			}
+		}
+	}
+	return m
 }
 
 // result sums the outcome of the calls of a cycle.

@@ -25,9 +25,15 @@ func (l *Loop) send(ctx context.Context, entries []owned, final bool) result {
 	// resolves it: the store applies a group's batches in order, and an
 	// error on the old one beside an applied new one would make the old
 	// one look applied when sent again.
+	// Likewise a group with a batch in a call still under way (a flight).
 	held := map[int]bool{}
 	for _, b := range batches {
 		held[b.sb.Group] = true
+	}
+	for _, f := range l.flights {
+		for _, b := range f.batches {
+			held[b.sb.Group] = true
+		}
 	}
 	open := map[int]*batch{}
 	for _, o := range entries {
@@ -124,26 +130,155 @@ func (l *Loop) recycle(b *batch) {
 	l.free = append(l.free, b)
 }
 
-// push sends batches and hands the outcome of each to the table.
+// flight is one store call of push: batches, sent at the cycle's instant
+// now (ns), with ops operations. done is closed once the call returned
+// err after latency.
+type flight struct {
+	batches []*batch
+	now     int64
+	ops     int
+	latency time.Duration
+	err     error
+	done    chan struct{}
+}
+
+// push sends batches and hands the outcome of each to the table. With a
+// store that routes its keys to servers (store.Router, a Redis Cluster),
+// each server's batches go in a call of their own, and push waits for
+// them at most one Rate: a call it stopped waiting for (a hung master's,
+// until the StoreTimeout) stays a flight, whose groups get no new batch
+// (send) until a later cycle lands its outcome (landDone), while the
+// other servers' keys go on syncing every Rate. When no call has returned
+// by then (a large cycle, not a hung server), push waits for the first.
 func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
 	if len(batches) == 0 {
 		return result{}
 	}
-	sbs := make([]*store.Batch, len(batches))
-	ops := 0
-	for i, b := range batches {
+	routes := l.routes(batches)
+	if len(routes) < 2 {
+		f := newFlight(batches, now)
+		l.call(ctx, f)
+		res := l.land(f)
+		if res.first == nil {
+			res.first = ctx.Err()
+		}
+		return res
+	}
+	fs := make([]*flight, len(routes))
+	returned := make(chan struct{}, len(routes))
+	for i, bs := range routes {
+		f := newFlight(bs, now)
+		fs[i] = f
+		go func() {
+			l.call(ctx, f)
+			close(f.done)
+			returned <- struct{}{}
+		}()
+	}
+	// Every call until Rate has passed; after that, the first one only.
+	t := l.cfg.Clock.Timer(l.cfg.Rate)
+	defer t.Stop()
+	rate := t.C
+	for n := 0; n < len(fs) && (rate != nil || n == 0); {
+		select {
+		case <-returned:
+			n++
+		case <-rate:
+			rate = nil
+		}
+	}
+	var res result
+	for _, f := range fs {
+		if landed(f) {
+			res.add(l.land(f))
+		} else {
+			l.flights = append(l.flights, f)
+		}
+	}
+	if res.first == nil {
+		res.first = ctx.Err()
+	}
+	return res
+}
+
+// routes returns batches split by the server of their groups, in the
+// order of their first batch, when the store routes keys (store.Router);
+// otherwise, all of them together.
+func (l *Loop) routes(batches []*batch) [][]*batch {
+	r, ok := l.cfg.Store.(store.Router)
+	if !ok {
+		return [][]*batch{batches}
+	}
+	var out [][]*batch
+	idx := map[int]int{}
+	for _, b := range batches {
+		id := r.Route(b.sb.Prefix, b.sb.Ops[0].Key) // one group, one server
+		k, ok := idx[id]
+		if !ok {
+			k = len(out)
+			idx[id] = k
+			out = append(out, nil)
+		}
+		out[k] = append(out[k], b)
+	}
+	return out
+}
+
+func newFlight(batches []*batch, now int64) *flight {
+	f := &flight{batches: batches, now: now, done: make(chan struct{})}
+	for _, b := range batches {
+		f.ops += len(b.sb.Ops)
+	}
+	return f
+}
+
+// landed reports whether f's call has returned.
+func landed(f *flight) bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// call makes f's store call. It touches nothing of the loop's but f.
+func (l *Loop) call(ctx context.Context, f *flight) {
+	sbs := make([]*store.Batch, len(f.batches))
+	for i, b := range f.batches {
 		sbs[i] = &b.sb
-		ops += len(b.sb.Ops)
 	}
 	// A large call gets time in proportion: 10µs per operation on top of
 	// Timeout (100k counters: +1s).
-	cctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout+time.Duration(ops)*10*time.Microsecond)
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout+time.Duration(f.ops)*10*time.Microsecond)
 	start := l.cfg.Clock.Now()
-	err := l.cfg.Store.Push(cctx, sbs)
-	if err == nil {
-		err = cctx.Err()
+	f.err = l.cfg.Store.Push(cctx, sbs)
+	if f.err == nil {
+		f.err = cctx.Err()
 	}
 	cancel()
+	f.latency = l.cfg.Clock.Now().Sub(start)
+}
+
+// landDone lands the flights whose calls have returned, in the order sent.
+func (l *Loop) landDone() result {
+	var res result
+	kept := l.flights[:0]
+	for _, f := range l.flights {
+		if landed(f) {
+			res.add(l.land(f))
+		} else {
+			kept = append(kept, f)
+		}
+	}
+	clear(l.flights[len(kept):])
+	l.flights = kept
+	return res
+}
+
+// land hands the outcome of f's returned call to the tables.
+func (l *Loop) land(f *flight) result {
+	batches, now, ops, err, latency := f.batches, f.now, f.ops, f.err, f.latency
 	for _, b := range batches {
 		if b.sb.Status == store.NotSent { // a store that only returned an error
 			b.sb.Status, b.sb.Err = store.InDoubt, err
@@ -152,7 +287,6 @@ func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
 			}
 		}
 	}
-	latency := l.cfg.Clock.Now().Sub(start)
 	l.stats.calls.Add(1)
 	var res result
 	for _, b := range batches {
@@ -201,18 +335,13 @@ func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
 			l.recycle(b)
 		}
 	}
-	if res.first == nil {
-		res.first = ctx.Err()
-	}
 	l.stats.doubt.Store(int64(len(l.doubt)))
 	if res.failed > 0 {
-		err := res.first
-		if err == nil {
-			err = errors.New("store: batch not applied")
+		if res.first == nil {
+			res.first = errors.New("store: batch not applied")
 		}
-		l.fail(err)
+		l.report(res.first)
 	} else {
-		l.failing.Store(false)
 		l.stats.latency.Store(int64(latency))
 	}
 	if l.cfg.OnSync != nil {

@@ -1,0 +1,150 @@
+package syncloop_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit/local"
+	"github.com/hybridlimit/hybridlimit/store"
+	syncloop "github.com/hybridlimit/hybridlimit/sync"
+)
+
+// routed is a memory store whose keys go to two servers (a store.Router,
+// as a Redis Cluster's masters): key "a" to server 1, whose calls wait
+// while hang is open (a hung master, until the call's deadline), the
+// others to server 0.
+type routed struct {
+	*store.Memory
+	hang    chan struct{}
+	aCalls  atomic.Int64
+	others  atomic.Int64
+	timeout atomic.Int64 // calls of "a" that ended at their deadline
+}
+
+func (r *routed) Route(_, key string) int {
+	if key == "a" {
+		return 1
+	}
+	return 0
+}
+
+func (r *routed) Push(ctx context.Context, bs []*store.Batch) error {
+	if bs[0].Ops[0].Key != "a" {
+		r.others.Add(1)
+		return r.Memory.Push(ctx, bs)
+	}
+	r.aCalls.Add(1)
+	select {
+	case <-r.hang:
+	case <-ctx.Done():
+		r.timeout.Add(1)
+		return ctx.Err() // sent, unanswered: in doubt
+	}
+	return r.Memory.Push(ctx, bs)
+}
+
+// flightFixture is a loop on a routed store, on the real clock: a cycle
+// waits for a hung server's call at most one Rate.
+func flightFixture(t *testing.T, timeout time.Duration) (*routed, *local.Table, *syncloop.Loop, func(string) int64) {
+	t.Helper()
+	clk := clock.New()
+	st := &routed{Memory: store.NewMemory(clk), hang: make(chan struct{})}
+	table := local.NewTable(local.Options{Rules: []local.Rule{local.NewRule(local.Spec{Kind: local.Fixed, Limit: 1_000_000, Window: time.Hour})}, MaxKeys: 1 << 10, Syncing: true})
+	loop := syncloop.New(syncloop.Config{
+		Tables: []*local.Table{table}, Store: st, Prefix: "hl", Node: "n1",
+		Now:   func() int64 { return time.Now().UnixNano() },
+		Clock: clk, Rate: 20 * time.Millisecond, Timeout: timeout,
+	})
+	total := func(key string) int64 {
+		return st.Get("hl", store.Counter{Key: key, Window: 3_600_000, ID: time.Now().UnixMilli() / 3_600_000})
+	}
+	return st, table, loop, total
+}
+
+func admitEach(t *testing.T, table *local.Table, n int, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		for range n {
+			_, st := table.Allow(k, 1, time.Now().UnixNano())
+			require.Equal(t, local.Decided, st)
+		}
+	}
+}
+
+// A hung server holds up only its own keys: the cycle stops waiting for
+// its call after one Rate, the other server's keys sync at every cycle,
+// and the hung server's groups get no new batch until its call returns;
+// then everything is applied exactly once.
+func TestAHungServerHoldsOnlyItsGroups(t *testing.T) {
+	st, table, loop, total := flightFixture(t, 5*time.Second)
+	ctx := context.Background()
+	admitEach(t, table, 2, "a", "b")
+	start := time.Now()
+	require.NoError(t, loop.Cycle(ctx))
+	assert.Less(t, time.Since(start), time.Second, "the cycle waited for the hung call")
+	assert.Equal(t, int64(2), total("b"), "the other server's key synced")
+	admitEach(t, table, 3, "a", "b")
+	require.NoError(t, loop.Cycle(ctx))
+	assert.Equal(t, int64(5), total("b"), "and syncs at every cycle")
+	assert.Equal(t, int64(1), st.aCalls.Load(), "no second batch for a group whose call is under way")
+	assert.Zero(t, total("a"))
+	close(st.hang)
+	require.Eventually(t, func() bool {
+		require.NoError(t, loop.Cycle(ctx))
+		return total("a") == 5
+	}, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, loop.Cycle(ctx))
+	assert.Equal(t, int64(5), total("a"), "applied once")
+	assert.Equal(t, int64(5), total("b"))
+	assert.Equal(t, int64(0), table.Stats().Unsynced)
+}
+
+// A hung call that ends at its deadline is in doubt once it lands: it is
+// sent again, unchanged, and applied once.
+func TestAHungCallInDoubtIsSentAgain(t *testing.T) {
+	st, table, loop, total := flightFixture(t, 100*time.Millisecond)
+	ctx := context.Background()
+	admitEach(t, table, 2, "a", "b")
+	require.NoError(t, loop.Cycle(ctx))
+	require.Eventually(t, func() bool { return st.timeout.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
+	admitEach(t, table, 1, "a")
+	// A later cycle lands the call, in doubt, and the next sends its
+	// batch again (to time out again while the server hangs).
+	require.Eventually(t, func() bool {
+		_ = loop.Cycle(ctx)
+		return st.aCalls.Load() >= 2
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.Zero(t, total("a"))
+	close(st.hang)
+	require.Eventually(t, func() bool {
+		_ = loop.Cycle(ctx)
+		return total("a") == 3
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, int64(3), total("a"), "the batch in doubt applied once, then the new increment")
+	assert.Equal(t, int64(2), total("b"))
+}
+
+// Close's flush waits for a call under way, then pushes what its group
+// holds since.
+func TestFlushWaitsForAHungCall(t *testing.T) {
+	st, table, loop, total := flightFixture(t, 5*time.Second)
+	ctx := context.Background()
+	admitEach(t, table, 2, "a", "b")
+	require.NoError(t, loop.Cycle(ctx))
+	admitEach(t, table, 1, "a", "b")
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		close(st.hang)
+	}()
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, loop.Flush(fctx))
+	assert.Equal(t, int64(3), total("a"))
+	assert.Equal(t, int64(3), total("b"))
+}
