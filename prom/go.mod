@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125024521-7afa3c66baeb
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125031153-577d76b0f5de
 	github.com/stretchr/testify v1.12.1
 )
 
