@@ -36,22 +36,7 @@ func TestFaultStandaloneStopMidBurst(t *testing.T) {
 		return midBurstConfig(st, pfx, limit)
 	})
 	p := paced(nodes, []string{"k"}, 6*limit)
-	at := time.Unix(p.first+4, 50*int64(time.Millisecond))
-	time.Sleep(time.Until(at))
-	srv := redistest.ServerAt(t, addr)
-	srv.Stop()
-	stopped := time.Now()
-	time.Sleep(hang * time.Second)
-	srv.Cont()
-	time.Sleep(2 * time.Second)
-	p.stop()
-	closeAll(t, nodes, 10*time.Second)
-
-	assert.Zero(t, p.errs.Load(), "decisions returned errors")
-	assert.Less(t, stopped.Sub(at), 100*time.Millisecond, "the hang started late: %v", stopped.Sub(at))
-	// The windows from the one the hang started in to the one after the
-	// one it ended in.
-	from := stopped.Unix() - p.first
+	from := p.hangMidBurst(t, nodes, addr, hang)
 	got := p.windows("k")
 	t.Logf("admitted per window from %d (the hang in windows %d to %d, limit %d): %v", p.first, from, from+hang, limit, got)
 	for s := from; s <= from+hang+1; s++ {
@@ -103,20 +88,7 @@ func TestFaultClusterStopMidBurst(t *testing.T) {
 	}
 	keys := append(append([]string(nil), hung...), healthy...)
 	p := paced(nodes, keys, 2*limit)
-	at := time.Unix(p.first+4, 50*int64(time.Millisecond))
-	time.Sleep(time.Until(at))
-	srv := redistest.ServerAt(t, shards[1].Master)
-	srv.Stop()
-	stopped := time.Now()
-	time.Sleep(hang * time.Second)
-	srv.Cont()
-	time.Sleep(2 * time.Second)
-	p.stop()
-	closeAll(t, nodes, 10*time.Second)
-
-	assert.Zero(t, p.errs.Load(), "decisions returned errors")
-	assert.Less(t, stopped.Sub(at), 100*time.Millisecond, "the hang started late: %v", stopped.Sub(at))
-	from := stopped.Unix() - p.first
+	from := p.hangMidBurst(t, nodes, shards[1].Master, hang)
 	check := func(k string, over, under int64, what string) {
 		got := p.windows(k)
 		t.Logf("%s key %s, admitted per window from %d (the hang in windows %d to %d, limit %d): %v", what, k, p.first, from, from+hang, limit, got)
@@ -198,6 +170,27 @@ func paced(nodes []*hybridlimit.Limiter, keys []string, perKey float64) *pacedTr
 		})
 	}
 	return p
+}
+
+// hangMidBurst stops (SIGSTOP) the server at addr 50 ms into the fifth
+// window of p's traffic, for hang seconds, resumes it, lets the traffic
+// run 2 s more, stops it and closes nodes. It returns the window (from
+// p.first) the hang started in.
+func (p *pacedTraffic) hangMidBurst(t *testing.T, nodes []*hybridlimit.Limiter, addr string, hang int) int64 {
+	t.Helper()
+	at := time.Unix(p.first+4, 50*int64(time.Millisecond))
+	time.Sleep(time.Until(at))
+	srv := redistest.ServerAt(t, addr)
+	srv.Stop()
+	stopped := time.Now()
+	time.Sleep(time.Duration(hang) * time.Second)
+	srv.Cont()
+	time.Sleep(2 * time.Second)
+	p.stop()
+	closeAll(t, nodes, 10*time.Second)
+	assert.Zero(t, p.errs.Load(), "decisions returned errors")
+	assert.Less(t, stopped.Sub(at), 100*time.Millisecond, "the hang started late: %v", stopped.Sub(at))
+	return stopped.Unix() - p.first
 }
 
 // stop ends the traffic and waits for it.
