@@ -200,6 +200,38 @@ func (st *shareStats) share() float64 {
 	return 1
 }
 
+// recovery notes a sync of rule r at now, in window win, whose last sync
+// published last, on the recovery from a store outage. Past that sync's
+// deadline (a store outage, or the key left idle on this node) the key
+// was decided by the safe share, and the averages may hold a burst half
+// seen: they go on from that share. The other nodes push what they
+// admitted meanwhile over their next syncs, some only after their
+// backoff: until then the store's totals lack it, and then it is no
+// traffic of theirs. So for the next outagePeriods syncs of a Fixed or
+// Buckets rule (recovering: st.recover > 0) the averages take no sample,
+// nothing is handed to the plain rule, and the outage's rule caps the
+// room: own increments in the window since the outage (st.ownWin) ≤
+// safe·limit.
+func (st *shareStats) recovery(r *Rule, last snapValues, now, win, ownCur, ownPrev, ownSpan int64) {
+	switch {
+	case st.at != 0 && last.until > 0 && now >= last.until:
+		st.ownAvg = min(st.ownAvg, last.safe*st.allAvg)
+		st.recover, st.ownWin = 0, 0
+		if r.fixed {
+			st.recover, st.ownWin = outagePeriods, float32(ownSpan)
+		}
+	case st.recover > 0:
+		st.recover--
+		if r.kind == Fixed && last.win != win {
+			st.ownWin = 0 // a new window
+		}
+		st.ownWin += float32(ownCur)
+		if r.kind == Buckets {
+			st.ownWin += float32(ownPrev)
+		}
+	}
+}
+
 // shareRoom returns what the share policy allows at counts prev and cur
 // (this node's view) in window win, el into it: the cost still allowed
 // (share of the free quota plus dither, minus own), and whether the share
@@ -293,33 +325,7 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 	default:
 		known = false
 	}
-	// The key's last sync is past its deadline: a store outage (or the
-	// key left idle on this node), decided by the safe share. The
-	// averages may hold a burst half seen: they go on from that share.
-	// The other nodes push what they admitted meanwhile over their next
-	// syncs, some only after their backoff: until then the store's totals
-	// lack it, and then it is no traffic of theirs. For the next
-	// outagePeriods syncs of a Fixed or Buckets rule (recovering), the
-	// averages take no sample, nothing is handed to the plain rule, and
-	// the outage's rule (own in the window ≤ safe·limit) caps the room.
-	gap := st.at != 0 && last.until > 0 && now >= last.until
-	switch {
-	case gap:
-		st.ownAvg = min(st.ownAvg, last.safe*st.allAvg)
-		st.recover, st.ownWin = 0, 0
-		if r.fixed {
-			st.recover, st.ownWin = outagePeriods, float32(ownSpan)
-		}
-	case st.recover > 0:
-		st.recover--
-		if r.kind == Fixed && last.win != win {
-			st.ownWin = 0 // a new window
-		}
-		st.ownWin += float32(ownCur)
-		if r.kind == Buckets {
-			st.ownWin += float32(ownPrev)
-		}
-	}
+	st.recovery(r, last, now, win, ownCur, ownPrev, ownSpan)
 	if st.recover > 0 && r.kind == Buckets {
 		// The others' pushes of the outage reach closed buckets after
 		// ReadPrev: the next take reads them all again.
