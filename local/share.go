@@ -212,24 +212,35 @@ func (st *shareStats) share() float64 {
 // nothing is handed to the plain rule, and the outage's rule caps the
 // room: own increments in the window since the outage (st.ownWin) ≤
 // safe·limit.
-func (st *shareStats) recovery(r *Rule, last snapValues, now, win, ownCur, ownPrev, ownSpan int64) {
+//
+// A gap is a sync a period or more past the deadline (the deadline is
+// two periods past the last sync; a cycle a little late, or a call that
+// took a while to be answered, is no outage). A gap while recovering (a
+// store that answers again, then not, as a Cluster answering CLUSTERDOWN
+// while go-redis sends the calls again) renews the recovery and keeps
+// what this node admitted in the window: starting over from this sync's
+// increments would give it its safe share of the limit twice.
+func (st *shareStats) recovery(r *Rule, last snapValues, now, win, ownSpan, period int64) {
+	newWindow := r.kind == Fixed && last.win != win
 	switch {
-	case st.at != 0 && last.until > 0 && now >= last.until:
+	case st.at != 0 && last.until > 0 && now >= last.until+period:
 		st.ownAvg = min(st.ownAvg, last.safe*st.allAvg)
-		st.recover, st.ownWin = 0, 0
-		if r.fixed {
-			st.recover, st.ownWin = outagePeriods, float32(ownSpan)
+		if !r.fixed {
+			return
 		}
+		if st.recover == 0 || newWindow {
+			st.ownWin = 0
+		}
+		st.recover = outagePeriods
 	case st.recover > 0:
 		st.recover--
-		if r.kind == Fixed && last.win != win {
-			st.ownWin = 0 // a new window
+		if newWindow {
+			st.ownWin = 0
 		}
-		st.ownWin += float32(ownCur)
-		if r.kind == Buckets {
-			st.ownWin += float32(ownPrev)
-		}
+	default:
+		return
 	}
+	st.ownWin += float32(ownSpan)
 }
 
 // shareRoom returns what the share policy allows at counts prev and cur
@@ -325,7 +336,7 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 	default:
 		known = false
 	}
-	st.recovery(r, last, now, win, ownCur, ownPrev, ownSpan)
+	st.recovery(r, last, now, win, ownSpan, int64(max(st.period, float64(t.syncRate))))
 	if st.recover > 0 && r.kind == Buckets {
 		// The others' pushes of the outage reach closed buckets after
 		// ReadPrev: the next take reads them all again.

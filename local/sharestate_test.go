@@ -298,3 +298,49 @@ func TestShareRecoversFromAnOutage(t *testing.T) {
 	assert.Zero(t, st.recover)
 	assert.Equal(t, int16(samples+1), st.samples, "the last sync of the recovery is a sample")
 }
+
+// TestShareRecoveryGaps checks, over exact syncs, which syncs count as a
+// gap: one a sync period or more past the snapshot's deadline, not a
+// cycle a little late; and that a gap while recovering (a Cluster that
+// answers, then refuses again) keeps what this node admitted in the
+// window, rather than starting over from the new sync's increments.
+func TestShareRecoveryGaps(t *testing.T) {
+	const sec, ms = int64(time.Second), int64(time.Millisecond)
+	tb := NewTable(Options{
+		Rules:   []Rule{NewRule(Spec{Kind: Fixed, Limit: 6000, Window: 10 * time.Second})},
+		MaxKeys: 10, Syncing: true, Share: true, ReadPrev: 30 * sec, SyncRate: 100 * ms,
+	})
+	require.True(t, allow(t, tb, "k", 1, 70*sec))
+	e := entry(t, tb, "k")
+	cur := int64(0)
+	settle := func(at, own, others int64) *shareStats {
+		cur += own + others
+		tb.mu(e).Lock()
+		defer tb.mu(e).Unlock()
+		tb.settleShare(e, 0, at, 7, cur, 0, false, own, 0, own)
+		return &tb.shareOf(e, 0).st
+	}
+	tb.mu(e).Lock()
+	tb.newShares(e)
+	tb.mu(e).Unlock()
+	// Window 7 (70 s to 80 s): syncs every 100 ms, this node a quarter.
+	for at := 70*sec + 50*ms; at <= 71*sec+50*ms; at += 100 * ms {
+		settle(at, 10, 30)
+	}
+	// 250 ms on: past the deadline (two periods), not a period past it.
+	st := settle(71*sec+300*ms, 10, 30)
+	assert.Zero(t, st.recover, "a late sync is no outage")
+	// The measured period is now 137.5 ms: the deadline 71.575 s, a gap
+	// from 71.7125 s.
+	st = settle(71*sec+800*ms, 30, 0)
+	require.Equal(t, int16(outagePeriods), st.recover, "a gap")
+	assert.Equal(t, float32(30), st.ownWin)
+	st = settle(71*sec+900*ms, 10, 0)
+	assert.Equal(t, int16(outagePeriods-1), st.recover)
+	assert.Equal(t, float32(40), st.ownWin)
+	// Another gap while recovering (the deadline 72.175 s), in the same
+	// window: the count goes on.
+	st = settle(72*sec+400*ms, 20, 0)
+	assert.Equal(t, int16(outagePeriods), st.recover, "renewed")
+	assert.Equal(t, float32(60), st.ownWin, "what this node admitted in the window since the first gap")
+}
