@@ -200,6 +200,12 @@ func (st *shareStats) share() float64 {
 	return 1
 }
 
+// periodOf returns the sync period of st's counter (ns): the measured one
+// or Options.SyncRate, the longer.
+func (t *Table) periodOf(st *shareStats) int64 {
+	return int64(max(st.period, float64(t.syncRate)))
+}
+
 // recovery notes a sync of rule r at now, in window win, whose last sync
 // published last, on the recovery from a store outage. Past that sync's
 // deadline (a store outage, or the key left idle on this node) the key
@@ -336,7 +342,7 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 	default:
 		known = false
 	}
-	st.recovery(r, last, now, win, ownSpan, int64(max(st.period, float64(t.syncRate))))
+	st.recovery(r, last, now, win, ownSpan, t.periodOf(st))
 	if st.recover > 0 && r.kind == Buckets {
 		// The others' pushes of the outage reach closed buckets after
 		// ReadPrev: the next take reads them all again.
@@ -396,7 +402,7 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 		}
 		// Past handoffPeriods without a sync of the key (a store outage),
 		// the safe share decides, with the dither's mean.
-		until := now + max(int64(handoffPeriods*max(st.period, float64(t.syncRate))), 1)
+		until := now + max(handoffPeriods*t.periodOf(st), 1)
 		safe := share
 		if st.winShare > 0 {
 			safe = min(share, float64(st.winShare))

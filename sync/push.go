@@ -131,8 +131,8 @@ func (l *Loop) recycle(b *batch) {
 }
 
 // flight is one store call of push: batches, sent at the cycle's instant
-// now (ns), with ops operations. done is closed once the call returned
-// err after latency.
+// now (ns), with ops operations. A call made apart (fly) closes done once
+// it returned err after latency.
 type flight struct {
 	batches []*batch
 	now     int64
@@ -154,20 +154,28 @@ func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
 	if len(batches) == 0 {
 		return result{}
 	}
-	routes := l.routes(batches)
-	if len(routes) < 2 {
+	var res result
+	if routes := l.routes(batches); len(routes) < 2 {
 		f := newFlight(batches, now)
 		l.call(ctx, f)
-		res := l.land(f)
-		if res.first == nil {
-			res.first = ctx.Err()
-		}
-		return res
+		res = l.land(f)
+	} else {
+		res = l.fly(ctx, routes, now)
 	}
+	if res.first == nil {
+		res.first = ctx.Err()
+	}
+	return res
+}
+
+// fly sends each route's batches in a call of its own, waits for them as
+// push says, lands those that returned and keeps the others as flights.
+func (l *Loop) fly(ctx context.Context, routes [][]*batch, now int64) result {
 	fs := make([]*flight, len(routes))
 	returned := make(chan struct{}, len(routes))
 	for i, bs := range routes {
 		f := newFlight(bs, now)
+		f.done = make(chan struct{})
 		fs[i] = f
 		go func() {
 			l.call(ctx, f)
@@ -194,9 +202,6 @@ func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
 		} else {
 			l.flights = append(l.flights, f)
 		}
-	}
-	if res.first == nil {
-		res.first = ctx.Err()
 	}
 	return res
 }
@@ -225,7 +230,7 @@ func (l *Loop) routes(batches []*batch) [][]*batch {
 }
 
 func newFlight(batches []*batch, now int64) *flight {
-	f := &flight{batches: batches, now: now, done: make(chan struct{})}
+	f := &flight{batches: batches, now: now}
 	for _, b := range batches {
 		f.ops += len(b.sb.Ops)
 	}
