@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125042111-d4cdf06f798f
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125042146-e7cf1e05fe98
 	github.com/stretchr/testify v1.12.1
 )
 
