@@ -254,15 +254,17 @@ func (l *Limiter) FailurePolicy() FailurePolicy { return l.cfg.FailurePolicy }
 // keys touched since the last cycle, and the batches whose answer was
 // lost, and pulls the keys' cluster totals; and it reloads the overrides
 // and blocks if they changed, and adds the tags seen (AllowTagged) to the
-// store. The background loop calls it every
-// SyncRate; call it yourself with Config.Manual, or to push early. It
-// returns the first store error, if any; what was not applied is kept for
-// the next cycle. It does nothing in ModeLocal.
+// store. The background loop calls it every SyncRate; call it yourself
+// with Config.Manual, or to push early. It waits for every store call it
+// makes, and for those of earlier cycles still under way (the background
+// loop does not wait for a hung Redis Cluster master), or until ctx ends.
+// It returns the first store error, if any; what was not applied is kept
+// for the next cycle. It does nothing in ModeLocal.
 func (l *Limiter) Sync(ctx context.Context) error {
 	if l.loop == nil {
 		return nil
 	}
-	err := l.loop.Cycle(ctx)
+	err := l.loop.CycleAll(ctx)
 	if perr := l.pol.reload(ctx, false); err == nil {
 		err = perr
 	}

@@ -293,7 +293,9 @@ func serverCPU(b *testing.B, rdb *redis.Client) time.Duration {
 // the same run, plain command shapes (benchSyncPipeline, benchSyncMulti,
 // benchSyncHash), the candidate at-most-once shapes without Lua
 // (benchSyncWatchHash, benchSyncWatchSlots) and the push script's shapes
-// (benchSyncScriptSlots, benchSyncScriptLanes). One
+// (benchSyncScriptSlots, benchSyncScriptLanes). The sync loop also runs on
+// the test Redis Cluster (hybridlimit-async-cluster, the server CPU summed
+// over its masters), where a cycle sends one call per master. One
 // op is one cycle over all the keys; the figure to compare is keys/s, and,
 // steadier on a loaded machine, the CPU time each side spends per key
 // (client-cpu-ns/key: this process, getrusage; server-cpu-ns/key: INFO
@@ -309,7 +311,14 @@ func BenchmarkSync(b *testing.B) {
 	for _, nkeys := range []int{1000, 10_000, 100_000} {
 		b.Run(fmt.Sprintf("impl=hybridlimit-async/keys=%s", count(nkeys)), func(b *testing.B) {
 			dropSyncKeys(b)
-			benchSyncHybrid(b, nkeys)
+			rdb := redistest.Client(b)
+			benchSyncHybrid(b, nkeys, syncClient(b), func() time.Duration { return serverCPU(b, rdb) })
+		})
+		b.Run(fmt.Sprintf("impl=hybridlimit-async-cluster/keys=%s", count(nkeys)), func(b *testing.B) {
+			c := syncClusterClient(b)
+			dropClusterSyncKeys(b, c)
+			b.Cleanup(func() { dropClusterSyncKeys(b, c) })
+			benchSyncHybrid(b, nkeys, c, func() time.Duration { return clusterCPU(b, c) })
 		})
 		b.Run(fmt.Sprintf("impl=pipeline-incrby-expire/keys=%s", count(nkeys)), func(b *testing.B) {
 			dropSyncKeys(b)
@@ -354,11 +363,13 @@ func BenchmarkSync(b *testing.B) {
 	}
 }
 
-func benchSyncHybrid(b *testing.B, nkeys int) {
+// benchSyncHybrid measures the sync loop of a ModeAsync limiter on c;
+// serverCPU returns the CPU time its servers have used.
+func benchSyncHybrid(b *testing.B, nkeys int, c redis.UniversalClient, serverCPU func() time.Duration) {
 	l, err := hybridlimit.New(hybridlimit.Config{
 		Rules:  hybridRules(oneRule),
 		Mode:   hybridlimit.ModeAsync,
-		Store:  storetest.Redis(b, syncClient(b)),
+		Store:  storetest.Redis(b, c),
 		Prefix: redistest.Prefix(b),
 		Manual: true,
 		// A cycle of 100k keys takes hundreds of milliseconds on a busy
@@ -384,21 +395,20 @@ func benchSyncHybrid(b *testing.B, nkeys int) {
 		b.Fatal(err)
 	}
 	before := l.Stats()
-	m := startCPU(b)
 	var client, server time.Duration
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
 		touch()
-		c0, s0 := processCPU(), serverCPU(b, m.rdb)
+		c0, s0 := processCPU(), serverCPU()
 		b.StartTimer()
 		if err := l.Sync(ctx); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()
 		client += processCPU() - c0
-		server += serverCPU(b, m.rdb) - s0
+		server += serverCPU() - s0
 		b.StartTimer()
 	}
 	b.StopTimer()
@@ -964,6 +974,61 @@ func dropSyncKeys(b *testing.B) {
 		if cursor = next; cursor == 0 {
 			return
 		}
+	}
+}
+
+// syncClusterClient returns a client of the test Redis Cluster whose
+// reads and writes wait up to a minute, as syncClient's.
+func syncClusterClient(b *testing.B) *redis.ClusterClient {
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(b),
+		ReadTimeout: time.Minute, WriteTimeout: time.Minute, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// clusterCPU returns the CPU time the masters of c have used, user and
+// system.
+func clusterCPU(b *testing.B, c *redis.ClusterClient) time.Duration {
+	var mu sync.Mutex
+	var total time.Duration
+	err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		d := serverCPU(b, m)
+		mu.Lock()
+		total += d
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return total
+}
+
+// dropClusterSyncKeys is dropSyncKeys on every master of c.
+func dropClusterSyncKeys(b *testing.B, c *redis.ClusterClient) {
+	err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		var cursor uint64
+		for {
+			keys, next, err := m.Scan(ctx, cursor, "t_BenchmarkSync*", 10000).Result()
+			if err != nil {
+				return err
+			}
+			_, err = m.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, k := range keys { // one slot per command
+					p.Unlink(ctx, k)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if cursor = next; cursor == 0 {
+				return nil
+			}
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
 	}
 }
 

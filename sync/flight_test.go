@@ -18,9 +18,10 @@ import (
 // routed is a memory store whose keys go to two servers (a store.Router,
 // as a Redis Cluster's masters): key "a" to server 1, whose calls wait
 // while hang is open (a hung master, until the call's deadline), the
-// others to server 0.
+// others to server 0. A call to server s takes delay[s] at least.
 type routed struct {
 	*store.Memory
+	delay   [2]time.Duration
 	hang    chan struct{}
 	aCalls  atomic.Int64
 	others  atomic.Int64
@@ -37,9 +38,11 @@ func (r *routed) Route(_, key string) int {
 func (r *routed) Push(ctx context.Context, bs []*store.Batch) error {
 	if bs[0].Ops[0].Key != "a" {
 		r.others.Add(1)
+		time.Sleep(r.delay[0])
 		return r.Memory.Push(ctx, bs)
 	}
 	r.aCalls.Add(1)
+	time.Sleep(r.delay[1])
 	select {
 	case <-r.hang:
 	case <-ctx.Done():
@@ -147,4 +150,42 @@ func TestFlushWaitsForAHungCall(t *testing.T) {
 	require.NoError(t, loop.Flush(fctx))
 	assert.Equal(t, int64(3), total("a"))
 	assert.Equal(t, int64(3), total("b"))
+}
+
+// CycleAll (Limiter.Sync) waits for the calls an earlier cycle stopped
+// waiting for, and for each of its own: when it returns, every key's
+// increments are in the store, the hung server's too once it answers.
+func TestCycleAllWaitsForEveryCall(t *testing.T) {
+	st, table, loop, total := flightFixture(t, 5*time.Second)
+	ctx := context.Background()
+	admitEach(t, table, 2, "a", "b")
+	require.NoError(t, loop.Cycle(ctx))
+	assert.Zero(t, total("a"), "the cycle did not wait for the hung call")
+	admitEach(t, table, 1, "a", "b")
+	time.AfterFunc(100*time.Millisecond, func() { close(st.hang) })
+	require.NoError(t, loop.CycleAll(ctx))
+	assert.Equal(t, int64(3), total("a"), "the earlier call landed, then the group's new batch went out")
+	assert.Equal(t, int64(3), total("b"))
+	assert.Equal(t, int64(0), table.Stats().Unsynced)
+	assert.Equal(t, int64(2), st.aCalls.Load())
+	st.delay[1] = 100 * time.Millisecond // 5 Rates: Cycle would not wait
+	admitEach(t, table, 1, "a", "b")
+	require.NoError(t, loop.CycleAll(ctx))
+	assert.Equal(t, int64(4), total("a"), "its own call landed")
+	assert.Equal(t, int64(4), total("b"))
+}
+
+// A large cycle is no hang: when the first call to return took more than
+// half a Rate, the cycle waits for the others until twice its latency,
+// and lands them all.
+func TestALargeCycleWaitsForEveryServer(t *testing.T) {
+	st, table, loop, total := flightFixture(t, 5*time.Second)
+	close(st.hang)
+	st.delay = [2]time.Duration{100 * time.Millisecond, 120 * time.Millisecond} // both > Rate (20 ms)
+	ctx := context.Background()
+	admitEach(t, table, 2, "a", "b")
+	require.NoError(t, loop.Cycle(ctx))
+	assert.Equal(t, int64(2), total("a"), "the slower server's call landed in the cycle")
+	assert.Equal(t, int64(2), total("b"))
+	assert.Equal(t, int64(0), table.Stats().Unsynced)
 }

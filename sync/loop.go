@@ -84,6 +84,7 @@ type Loop struct {
 
 	mu       sync.Mutex // one cycle at a time; guards the fields below
 	flushing bool
+	whole    bool  // this cycle waits for every store call (CycleAll)
 	refusal  error // the final flush: why the store refused some ops
 	seq      uint64
 	doubt    []*batch       // batches in doubt, in the order they were first sent
@@ -245,11 +246,29 @@ func (l *Loop) log(msg string, args ...any) {
 // the first store error, and errNoneApplied-wrapping errors when no batch
 // of the cycle was applied.
 func (l *Loop) Cycle(ctx context.Context) error {
+	return l.cycle(ctx, false)
+}
+
+// CycleAll is Cycle waiting for every store call: for the calls still
+// under way from earlier cycles (a hung Cluster master's, which Cycle
+// stops waiting for, see push) before it sends, and for each call it
+// makes. When it returns, every batch it sent has its outcome, unless ctx
+// ended first (Limiter.Sync).
+func (l *Loop) CycleAll(ctx context.Context) error {
+	return l.cycle(ctx, true)
+}
+
+func (l *Loop) cycle(ctx context.Context, whole bool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	start := l.cfg.Clock.Now()
 	l.stats.running.Store(start.UnixNano())
 	defer l.stats.running.Store(0)
+	l.whole = whole
+	defer func() { l.whole = false }()
+	if whole {
+		l.waitFlights(ctx)
+	}
 	l.cycleFailed = l.stillFailing()
 	landed := l.landDone()
 	if !l.touched() && len(l.doubt) == 0 && landed.applied+landed.failed == 0 {

@@ -145,11 +145,13 @@ type flight struct {
 // push sends batches and hands the outcome of each to the table. With a
 // store that routes its keys to servers (store.Router, a Redis Cluster),
 // each server's batches go in a call of their own, and push waits for
-// them at most one Rate: a call it stopped waiting for (a hung master's,
-// until the StoreTimeout) stays a flight, whose groups get no new batch
-// (send) until a later cycle lands its outcome (landDone), while the
-// other servers' keys go on syncing every Rate. When no call has returned
-// by then (a large cycle, not a hung server), push waits for the first.
+// them until one Rate has passed or, when the first call to return took
+// more than half a Rate (a large cycle), until twice its latency: a call
+// it stopped waiting for (a hung master's, until the StoreTimeout) stays
+// a flight, whose groups get no new batch (send) until a later cycle
+// lands its outcome (landDone), while the other servers' keys go on
+// syncing every Rate. It always waits for the first call, and in a
+// CycleAll for every call.
 func (l *Loop) push(ctx context.Context, batches []*batch, now int64) result {
 	if len(batches) == 0 {
 		return result{}
@@ -183,16 +185,23 @@ func (l *Loop) fly(ctx context.Context, routes [][]*batch, now int64) result {
 			returned <- struct{}{}
 		}()
 	}
-	// Every call until Rate has passed; after that, the first one only.
-	t := l.cfg.Clock.Timer(l.cfg.Rate)
-	defer t.Stop()
-	rate := t.C
-	for n := 0; n < len(fs) && (rate != nil || n == 0); {
+	start := l.cfg.Clock.Now()
+	wait := l.cfg.Clock.Timer(l.cfg.Rate)
+	defer func() { wait.Stop() }()
+	timeout := wait.C
+	for n := 0; n < len(fs) && (timeout != nil || n == 0 || l.whole); {
 		select {
 		case <-returned:
 			n++
-		case <-rate:
-			rate = nil
+			// The others' calls, as large, may take as long as the
+			// first: a server is hung only past twice its latency.
+			if d := l.cfg.Clock.Since(start); n == 1 && 2*d > l.cfg.Rate {
+				wait.Stop()
+				wait = l.cfg.Clock.Timer(d)
+				timeout = wait.C
+			}
+		case <-timeout:
+			timeout = nil
 		}
 	}
 	var res result
@@ -263,6 +272,18 @@ func (l *Loop) call(ctx context.Context, f *flight) {
 	}
 	cancel()
 	f.latency = l.cfg.Clock.Now().Sub(start)
+}
+
+// waitFlights waits until every call under way (a flight) has returned,
+// or ctx ends.
+func (l *Loop) waitFlights(ctx context.Context) {
+	for _, f := range l.flights {
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // landDone lands the flights whose calls have returned, in the order sent.
