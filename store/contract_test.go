@@ -162,6 +162,48 @@ func runContract(t *testing.T, open func(t *testing.T) (store.Store, string)) {
 		assert.True(t, r.Allowed, "a fixed window ignores the previous one")
 		assert.Equal(t, [][2]int64{{20, 0}}, cp(r.Counts))
 	})
+	t.Run("TakeLateRequestSeesNewerCounts", func(t *testing.T) {
+		// Two nodes whose clocks straddle a boundary: one has counted in
+		// the next bucket (window) already when the other's request,
+		// stamped just before the boundary, reaches the store. The late
+		// request is decided in the newer bucket (window), on the counts
+		// already there: never more than the limit in any window.
+		s, pfx := open(t)
+		buckets := local.NewRule(local.Spec{Kind: local.Buckets, Limit: 10, Window: time.Minute, Buckets: 6})
+		edge := future + 10_000 // a bucket boundary
+		a := newTake(pfx, "b", edge+1, 6, false, false, buckets)
+		take(t, s, a)
+		require.True(t, a.Allowed)
+		late := newTake(pfx, "b", edge-1, 6, false, false, buckets)
+		take(t, s, late)
+		assert.False(t, late.Allowed, "6 counted in the next bucket, 6 more exceed 10")
+		assert.Equal(t, []int64{0, 0, 0, 0, 0, 6}, late.Counts[0].Buckets, "the window of the newer bucket")
+		assert.Zero(t, late.Counts[0].Elapsed, "decided at the newer bucket's start")
+		late = newTake(pfx, "b", edge-1, 4, false, false, buckets)
+		take(t, s, late)
+		assert.True(t, late.Allowed)
+		assert.Equal(t, []int64{0, 0, 0, 0, 0, 10}, late.Counts[0].Buckets, "counted in the newer bucket")
+		again := newTake(pfx, "b", edge+2, 1, false, false, buckets)
+		take(t, s, again)
+		assert.False(t, again.Allowed)
+
+		sliding := wr(10, w)
+		edge = future + w // a window boundary
+		a = newTake(pfx, "s", edge+1, 6, false, false, sliding)
+		take(t, s, a)
+		require.True(t, a.Allowed)
+		late = newTake(pfx, "s", edge-1, 6, false, false, sliding)
+		take(t, s, late)
+		assert.False(t, late.Allowed, "6 counted in the next window, 6 more exceed 10")
+		assert.Equal(t, [][2]int64{{6, 0}}, cp(late.Counts))
+		late = newTake(pfx, "s", edge-1, 4, false, false, sliding)
+		take(t, s, late)
+		assert.True(t, late.Allowed)
+		assert.Equal(t, [][2]int64{{10, 0}}, cp(late.Counts), "counted in the next window")
+		again = newTake(pfx, "s", edge+2, 1, false, false, sliding)
+		take(t, s, again)
+		assert.False(t, again.Allowed)
+	})
 	t.Run("TakeChecksEveryRuleBeforeCounting", func(t *testing.T) {
 		s, pfx := open(t)
 		rules := []local.Rule{wr(10, 1000), wr(2, w)}

@@ -153,13 +153,15 @@ func TestTakeArgsKeys(t *testing.T) {
 			id := q.Now / w.Microseconds()
 			switch r.Kind() {
 			case local.Sliding:
-				want = append(want, CounterKey("hl", CounterOf(r, q.Key, id)), CounterKey("hl", CounterOf(r, q.Key, id-1)))
+				want = append(want, CounterKey("hl", CounterOf(r, q.Key, id)), CounterKey("hl", CounterOf(r, q.Key, id-1)),
+					CounterKey("hl", CounterOf(r, q.Key, id+1)))
 			case local.Fixed:
 				want = append(want, CounterKey("hl", CounterOf(r, q.Key, id)))
 			case local.Buckets:
 				for j := range span {
 					want = append(want, CounterKey("hl", CounterOf(r, q.Key, id-span+1+j)))
 				}
+				want = append(want, CounterKey("hl", CounterOf(r, q.Key, id+1)))
 			case local.Log:
 				want = append(want, LogKey("hl", q.Key))
 			default:

@@ -114,8 +114,7 @@ func (s *Memory) take(r *TakeRequest, nowMs int64) {
 			c.Tat = aheadNs(tat, r.Now)
 		default:
 			w, span := rule.Counter()
-			wus := w.Microseconds()
-			id := r.Now / wus
+			id, _ := s.decidedAt(r, rule, nowMs)
 			v := s.incr(CounterKey(r.Prefix, CounterOf(rule, r.Key, id)), r.Cost, nowMs, ExpireAt(w.Milliseconds(), id, span))
 			if rule.Kind() == local.Buckets {
 				c.Buckets[len(c.Buckets)-1] = v
@@ -135,10 +134,8 @@ func (s *Memory) counts(r *TakeRequest, rule *local.Rule, nowMs int64) local.Cou
 		tat := s.get(CounterKey(r.Prefix, CounterOf(rule, r.Key, 0)), nowMs)
 		return local.Counts{Tat: aheadNs(tat, r.Now)}
 	}
-	w, span := rule.Counter()
-	wus := w.Microseconds()
-	id := r.Now / wus
-	el := r.Now % wus * 1000
+	_, span := rule.Counter()
+	id, el := s.decidedAt(r, rule, nowMs)
 	get := func(id int64) int64 { return s.get(CounterKey(r.Prefix, CounterOf(rule, r.Key, id)), nowMs) }
 	switch rule.Kind() {
 	case local.Buckets:
@@ -151,6 +148,22 @@ func (s *Memory) counts(r *TakeRequest, rule *local.Rule, nowMs int64) local.Cou
 		return local.Counts{Cur: get(id), Elapsed: el}
 	}
 	return local.Counts{Cur: get(id), Prev: get(id - 1), Elapsed: el}
+}
+
+// decidedAt returns the window (bucket) id at which rule decides r, and the
+// time elapsed in it (ns): r's own, or, when r is late for a sliding or
+// bucketed rule (the next window or bucket already holds counts: a node
+// whose clock is ahead counted there), the next one's, from its start. See
+// takeScript.
+func (s *Memory) decidedAt(r *TakeRequest, rule *local.Rule, nowMs int64) (id, elapsed int64) {
+	w, _ := rule.Counter()
+	wus := w.Microseconds()
+	id = r.Now / wus
+	if k := rule.Kind(); (k == local.Sliding || k == local.Buckets) &&
+		s.get(CounterKey(r.Prefix, CounterOf(rule, r.Key, id+1)), nowMs) > 0 {
+		return id + 1, 0
+	}
+	return id, r.Now % wus * 1000
 }
 
 // logCounts reads a Log rule's counts of r's key at r.Now for r.Cost.

@@ -34,9 +34,9 @@ func TestTakeScriptRetryIsDecidedOnce(t *testing.T) {
 		return v
 	}
 	require.NoError(t, c.Set(ctx, cur, 0, time.Minute).Err())
-	assert.Equal(t, []int64{0, 1, 1, 0}, run(1), "decided: admitted, cur 1")
-	assert.Equal(t, []int64{1, 1, 1, 0}, run(1), "sent again: the same outcome, decided before, nothing counted")
-	assert.Equal(t, []int64{0, 0, 1, 0}, run(2), "the next call: the limit of 1 is reached")
+	assert.Equal(t, []int64{0, 1, 1, 0, 0}, run(1), "decided: admitted, cur 1 (prev 0, not late)")
+	assert.Equal(t, []int64{1, 1, 1, 0, 0}, run(1), "sent again: the same outcome, decided before, nothing counted")
+	assert.Equal(t, []int64{0, 0, 1, 0, 0}, run(2), "the next call: the limit of 1 is reached")
 	assert.Equal(t, []int64{3}, run(1), "an older call after a newer one: its outcome is lost")
 	v, err := c.Get(ctx, cur).Int64()
 	require.NoError(t, err)

@@ -294,10 +294,10 @@ func (a *takeArena) args(marker string, seq uint64, ttl int64, reqs []*TakeReque
 		case local.Log:
 			logCap, longLog = max(logCap, r.Limit()), max(longLog, r.Window().Microseconds())
 		case local.Sliding:
-			n = 2
+			n = 3 // the current window, the previous, the next
 		case local.Buckets:
 			_, span := r.Counter()
-			n = int(span)
+			n = int(span) + 1 // and the next bucket
 		}
 		perReq += n
 	}
@@ -358,11 +358,13 @@ func (a *takeArena) args(marker string, seq uint64, ttl int64, reqs []*TakeReque
 					for j := range span {
 						key(CounterOf(r, q.Key, id-span+1+j))
 					}
+					key(CounterOf(r, q.Key, id+1)) // a late request counts there
 				case local.Fixed:
 					key(CounterOf(r, q.Key, id))
 				default:
 					key(CounterOf(r, q.Key, id))
 					key(CounterOf(r, q.Key, id-1))
+					key(CounterOf(r, q.Key, id+1)) // a late request counts there
 				}
 			}
 		}
@@ -438,12 +440,18 @@ func readTake(cmd *redis.IntSliceCmd, reqs []*TakeRequest) {
 			switch rule.Kind() {
 			case local.Sliding:
 				c = local.Counts{Cur: next(), Prev: next(), Elapsed: el}
+				if next() == 1 { // late: decided at the next window's start
+					c.Elapsed = 0
+				}
 			case local.Fixed:
 				c = local.Counts{Cur: next(), Elapsed: el}
 			case local.Buckets:
 				c = local.Counts{Buckets: make([]int64, span), Elapsed: el}
 				for k := range c.Buckets {
 					c.Buckets[k] = next()
+				}
+				if next() == 1 { // late: decided at the next bucket's start
+					c.Elapsed = 0
 				}
 			case local.Log:
 				c = local.Counts{Cur: next(), Expire: next() * 1000, Reset: next() * 1000}

@@ -130,10 +130,11 @@ return out
 // the first run's outcomes. Instants and windows are in microseconds.
 //
 //	KEYS: the node's take marker of the group, then per request and rule:
-//	      kind 0 (sliding): the current window's counter and the previous
-//	      one's; 1 (fixed): the current one's; 2 (buckets): the window's
-//	      buckets, oldest first; 3 (log): the key's log; 4 (gcra, leaky):
-//	      the arrival time
+//	      kind 0 (sliding): the current window's counter, the previous
+//	      one's and the next one's; 1 (fixed): the current one's; 2
+//	      (buckets): the window's buckets, oldest first, then the next
+//	      bucket; 3 (log): the key's log; 4 (gcra, leaky): the arrival
+//	      time
 //	ARGV: seq, marker TTL (ms), deadline, requests, rules, then per rule:
 //	      kind, limit, w (the counter's window; gcra: the interval),
 //	      span (buckets: their number; log: the length kept; gcra: the
@@ -144,10 +145,17 @@ return out
 //	reply: status (0 decided, 1 decided before, 2 past the deadline,
 //	       3 outcome lost), then per request: allowed (2: not decided, a
 //	       counter or log holds a foreign value), then per rule:
-//	       sliding: cur, prev; fixed: cur; buckets: the counts; log: the
-//	       count, the wait until the request fits, until the newest
-//	       leaves; gcra: the arrival time minus now
+//	       sliding: cur, prev, late; fixed: cur; buckets: the counts,
+//	       late; log: the count, the wait until the request fits, until
+//	       the newest leaves; gcra: the arrival time minus now
 //
+// A request is late for a sliding or bucketed rule when the next window
+// (bucket) past its instant already holds counts: a node whose clock is
+// ahead, or a request sent earlier but stamped later, counted there. It is
+// then decided at the start of that window (bucket), on the counts there
+// (late 1 in the reply), and counted in it: decided at its own instant, it
+// would miss those counts and admit past the limit. (A node's clock behind
+// the others' by more than a window or bucket still would.)
 // A decision moves an arrival time at most local.MaxAhead (maxahead, µs)
 // past now. A request whose counters or log hold something the script
 // cannot count on (a string that is not an integer of magnitude below
@@ -190,7 +198,7 @@ local haslog, later, nk, b = false, false, 0, ra
 for o = 0, 7 * (nrules - 1), 7 do
   local kd, sp = ARGV[b] + 0, ARGV[b + 3] + 0
   local n = 1
-  if kd == 0 then n = 2 elseif kd == 2 then n = sp end
+  if kd == 0 then n = 3 elseif kd == 2 then n = sp + 1 end
   if kd == 3 then haslog = true end
   if kd >= 3 then later = true end
   nk = nk + n
@@ -233,6 +241,9 @@ for a = from, to, 256 do
   end
 end
 local failed
+-- Per rule (by o): 1 when the request is late for it (counted in the next
+-- window or bucket), and the counter the request increments.
+local late, incd = {}, {}
 -- A request's reply goes straight into out: its outcome at op, then each
 -- rule's values from rule[o + 7] on (a table per request and rule costs
 -- the server more than the counting).
@@ -259,26 +270,36 @@ for q = 0, nreq - 1 do
     rule[o + 7] = no + 1
     if kd == 0 or kd == 1 then
       local c, p = got[KEYS[kk]], 0
-      if kd == 0 then p = got[KEYS[kk + 1]] end
+      local at, sh = now, 0
+      if kd == 0 then
+        p = got[KEYS[kk + 1]]
+        local nx = got[KEYS[kk + 2]]
+        if nx and nx > 0 then sh, at, p, c = 1, (math.floor(now / w) + 1) * w, c, nx end
+      end
+      late[o] = sh
       if not (c and p) then failed, c, p = true, c or 0, p or 0 end
       -- The estimate as local.Rule.Admits computes it, operation for
       -- operation in doubles (in ns: the window, the time left in it, the
       -- inverse of the window), so that both decide alike to the last bit
       -- also where a limit is too large for the slack to absorb rounding.
       local est = c
-      if p > 0 then est = p * ((w - now % w) * 1000) * (1 / (w * 1000)) + c end
+      if p > 0 then est = p * ((w - at % w) * 1000) * (1 / (w * 1000)) + c end
       if est + cost > L + 1e-9 then ok = 0 end
       out[no + 1] = c
-      if kd == 0 then out[no + 2], no = p, no + 2 else no = no + 1 end
+      if kd == 0 then out[no + 2], out[no + 3], no = p, sh, no + 3 else no = no + 1 end
     elseif kd == 2 then
-      local sum, sp = 0, rule[o + 4]
+      local sum, sp, sh = 0, rule[o + 4], 0
+      local nx = got[KEYS[kk + sp]]
+      if nx and nx > 0 then sh = 1 end
+      late[o] = sh
       for j = 1, sp do
-        local v = got[KEYS[kk + j - 1]]
+        local v = got[KEYS[kk + j - 1 + sh]]
         if not v then failed, v = true, 0 end
         out[no + j] = v
         sum = sum + v
       end
-      no = no + sp
+      out[no + sp + 1] = sh
+      no = no + sp + 1
       if sum + cost > L then ok = 0 end
     elseif kd == 3 then
       local key = KEYS[kk]
@@ -321,20 +342,16 @@ for q = 0, nreq - 1 do
     for o = 0, last, 7 do
       local kd = rule[o + 1]
       if kd <= 2 then
-        local key, sp = KEYS[kk], 1
-        if kd == 2 then sp = rule[o + 4]; key = KEYS[kk + sp - 1] end
+        local key, sp, sh = KEYS[kk], 1, late[o] or 0
+        if kd == 2 then sp = rule[o + 4]; key = KEYS[kk + sp - 1 + sh] elseif sh == 1 then key = KEYS[kk + 2] end
+        incd[o] = key
         local v = pcall('INCRBY', key, cs)
         if type(v) ~= 'number' then
           -- The rules before this one counted: take their counts back.
-          local kb = k
           for ob = 0, o - 7, 7 do
-            local kdb = rule[ob + 1]
-            if kdb <= 2 then
-              local kb2 = kb
-              if kdb == 2 then kb2 = kb + rule[ob + 4] - 1 end
-              got[KEYS[kb2]] = call('INCRBY', KEYS[kb2], -cost)
+            if rule[ob + 1] <= 2 then
+              got[incd[ob]] = call('INCRBY', incd[ob], -cost)
             end
-            kb = kb + rule[ob + 6]
           end
           ok = 2
           break
@@ -342,7 +359,7 @@ for q = 0, nreq - 1 do
         got[key] = v
         if v == cost then
           local w = rule[o + 3]
-          call('PEXPIREAT', key, (math.floor(now / w) + 1 + sp) * (w / 1000) + 60000)
+          call('PEXPIREAT', key, (math.floor(now / w) + sh + 1 + sp) * (w / 1000) + 60000)
         end
         out[rule[o + 7] + sp - 1] = v
       end
