@@ -366,6 +366,17 @@ func (s *Redis) allow(ctx context.Context, g int, sent *sentAt) (string, bool) {
 	if ok && !at.IsZero() {
 		sent.note(addr, at)
 	}
+	if !ok && s.cluster != nil {
+		// The circuit of the master the slot map names is open. A refused
+		// call reports no failure, so nothing else refreshes the map until
+		// the circuit's probe has timed out, up to BreakerMax later; the
+		// Cluster may have promoted a replica meanwhile, and the group
+		// would wait for the dead master while the other nodes push to the
+		// new one. go-redis reloads the map one call at a time, 200 ms
+		// apart at most: once a new master serves the slot, the next call
+		// goes to it.
+		s.cluster.ReloadState(context.Background())
+	}
 	return addr, ok
 }
 
