@@ -59,14 +59,34 @@ func TestFaultStandaloneStopMidBurst(t *testing.T) {
 // its circuit, they admitted up to 828; docs/failures.md, "A hung Cluster
 // master in a Fixed window's burst").
 func TestFaultClusterStopMidBurst(t *testing.T) {
+	clusterMidBurst(t, "60000", 3, 2)
+}
+
+// One master of the Redis Cluster hangs (SIGSTOP) for 5 s, 50 ms into a
+// window of a Fixed 800/1s limit that four ModeAsync nodes decide at 6×
+// the limit, as in TestFaultClusterStopMidBurst but with the cluster's
+// node timeout at 1 s: its replica is promoted about 2 s into the hang,
+// and with cluster-require-full-coverage yes every master refuses
+// commands (CLUSTERDOWN) for about a second before that. Proven: in
+// every window from the hang's to the one after its end, every key
+// admits at most 5 % over the limit and at least 85 % of it.
+func TestFaultClusterFailoverMidBurst(t *testing.T) {
+	clusterMidBurst(t, "1000", 5, 6)
+}
+
+// clusterMidBurst runs the mid-burst hang of a Cluster master: the
+// cluster's node timeout at timeout (ms) during the test, the master
+// stopped for hang seconds, two keys per shard decided at factor times
+// their limit.
+func clusterMidBurst(t *testing.T, timeout string, hang int, factor float64) {
 	redistest.Destructive(t)
 	shards := redistest.WaitClusterOK(t, 30*time.Second)
 	require.Len(t, shards, 3)
 	addrs := redistest.ClusterAddrs(t)
-	setNodeTimeout(t, addrs, "60000")
+	setNodeTimeout(t, addrs, timeout)
 	t.Cleanup(func() { setNodeTimeout(t, addrs, "1000") })
 	pfx := redistest.Prefix(t)
-	const limit, hang = 800, 3
+	const limit = 800
 	var hung, healthy []string
 	for i, sh := range shards {
 		keys := keysOnShard(sh, "k", 2)
@@ -87,12 +107,21 @@ func TestFaultClusterStopMidBurst(t *testing.T) {
 		nodes = append(nodes, l)
 	}
 	keys := append(append([]string(nil), hung...), healthy...)
-	p := paced(nodes, keys, 2*limit)
+	p := paced(nodes, keys, factor*limit)
 	from := p.hangMidBurst(t, nodes, shards[1].Master, hang)
+	if timeout == "1000" {
+		// The replica was promoted: the old master rejoined as its replica.
+		c := redis.NewClient(&redis.Options{Addr: shards[1].Master, MaxRetries: -1, DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second})
+		defer func() { _ = c.Close() }()
+		assert.Eventually(t, func() bool {
+			role, err := c.Do(context.Background(), "ROLE").Slice()
+			return err == nil && len(role) > 0 && role[0] == "slave"
+		}, 10*time.Second, 100*time.Millisecond, "no failover of %s", shards[1].Master)
+	}
 	check := func(k string, over, under int64, what string) {
 		got := p.windows(k)
-		t.Logf("%s key %s, admitted per window from %d (the hang in windows %d to %d, limit %d): %v", what, k, p.first, from, from+hang, limit, got)
-		for s := from; s <= from+hang+1; s++ {
+		t.Logf("%s key %s, admitted per window from %d (the hang in windows %d to %d, limit %d): %v", what, k, p.first, from, from+int64(hang), limit, got)
+		for s := from; s <= from+int64(hang)+1; s++ {
 			assert.LessOrEqual(t, got[s], over, "%s key %s, window %d of the hang: over the limit", what, k, s-from)
 			assert.GreaterOrEqual(t, got[s], under, "%s key %s, window %d of the hang: well under the limit", what, k, s-from)
 		}

@@ -99,6 +99,12 @@ const (
 	// what they admitted in the outage once their backoff ends, at most
 	// 10 sync periods (sync.backoffRates) after the store is back.
 	outagePeriods = 12
+	// outageWait is how many more syncs a recovery may wait for the
+	// other nodes' increments of the outage to reach the store (see
+	// othersMissing): in a Redis Cluster, a node can find the promoted
+	// replica a StoreTimeout and a slot-map reload after another, well
+	// past outagePeriods syncs.
+	outageWait = 4 * outagePeriods
 )
 
 // snapshot is what a decision needs of a counter's last sync, published by
@@ -190,6 +196,7 @@ type shareStats struct {
 	ownWin   float32 // while recovering: this node's increments in the rule's window since the outage
 	samples  int16   // syncs averaged so far, up to math.MaxInt16
 	recover  int16   // syncs left under the outage's cap (Fixed and Buckets rules), 0: none
+	waited   int16   // syncs the recovery has waited for the others (outageWait)
 }
 
 // share returns the share the averages give, 1 when they give none.
@@ -234,6 +241,9 @@ func (st *shareStats) recovery(r *Rule, last snapValues, now, win, ownSpan, peri
 		if !r.fixed {
 			return
 		}
+		if st.recover == 0 {
+			st.waited = 0
+		}
 		if st.recover == 0 || newWindow {
 			st.ownWin = 0
 		}
@@ -247,6 +257,30 @@ func (st *shareStats) recovery(r *Rule, last snapValues, now, win, ownSpan, peri
 		return
 	}
 	st.ownWin += float32(ownSpan)
+}
+
+// othersMissing reports, at the last sync of a recovery of rule i of e
+// (window win, the store's count cur), whether the store's count of the
+// window still lacks most of what the other nodes admitted in it. By the
+// shares, they admit (1−safe)/safe of what this node does: while the
+// window's count shows less than three quarters of that beside this node's
+// increments since the outage (st.ownWin), they have not pushed their
+// admissions of the outage yet (in a Redis Cluster, a node can reach a
+// promoted replica a StoreTimeout and a slot-map reload after another).
+// Call with e's mutex held.
+func (t *Table) othersMissing(e *Entry, i int, st *shareStats, last snapValues, win, cur int64) bool {
+	safe := last.safe
+	if safe <= 0 || safe >= 1 || st.ownWin <= 0 {
+		return false
+	}
+	r := &t.rules[i]
+	count := float64(cur)
+	if r.kind == Buckets {
+		var buf [maxBuckets]int64
+		count = float64(r.bucketSum(t.bucketCounts(e, i, win, cur, buf[:])))
+	}
+	own := float64(st.ownWin)
+	return count-own < 0.75*own*(1-safe)/safe
 }
 
 // shareRoom returns what the share policy allows at counts prev and cur
@@ -342,7 +376,15 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 	default:
 		known = false
 	}
+	recovering := st.recover > 0
 	st.recovery(r, last, now, win, ownSpan, t.periodOf(st))
+	if recovering && st.recover == 0 && st.waited < outageWait && t.othersMissing(e, i, st, last, win, cur) {
+		// The recovery's last sync, but the store's totals still lack the
+		// others' part of the window: they have not pushed their outage
+		// yet. Handing the key to the plain rule, or deciding by these
+		// totals, would spend their part again.
+		st.recover, st.waited = 1, st.waited+1
+	}
 	if st.recover > 0 && r.kind == Buckets {
 		// The others' pushes of the outage reach closed buckets after
 		// ReadPrev: the next take reads them all again.

@@ -344,3 +344,63 @@ func TestShareRecoveryGaps(t *testing.T) {
 	assert.Equal(t, int16(outagePeriods), st.recover, "renewed")
 	assert.Equal(t, float32(60), st.ownWin, "what this node admitted in the window since the first gap")
 }
+
+// TestShareRecoveryWaitsForTheOthers checks, over exact syncs, that a
+// recovery does not end while the store's count of the window lacks the
+// other nodes' part of it: in a Redis Cluster, a node can reach the
+// promoted replica well before the others (a StoreTimeout and a slot-map
+// reload), and ending its recovery on totals that hold only its own
+// increments handed the key to the plain rule, which spent the others'
+// part again (a real cluster: 1,160 admitted in a window of an 800 limit).
+// It waits at most outageWait syncs.
+func TestShareRecoveryWaitsForTheOthers(t *testing.T) {
+	const sec, ms = int64(time.Second), int64(time.Millisecond)
+	for _, back := range []bool{true, false} {
+		tb := NewTable(Options{
+			Rules:   []Rule{NewRule(Spec{Kind: Fixed, Limit: 600, Window: time.Second})},
+			MaxKeys: 10, Syncing: true, Share: true, ReadPrev: 3 * sec, SyncRate: 10 * ms,
+		})
+		require.True(t, allow(t, tb, "k", 1, 7*sec))
+		e := entry(t, tb, "k")
+		settle := func(at, win, cur, own int64) snapValues {
+			tb.mu(e).Lock()
+			tb.settleShare(e, 0, at, win, cur, 0, false, own, 0, own)
+			tb.mu(e).Unlock()
+			v, ok := tb.shareOf(e, 0).snap.load()
+			require.True(t, ok)
+			return v
+		}
+		tb.mu(e).Lock()
+		tb.newShares(e)
+		tb.mu(e).Unlock()
+		// Window 7: this node's quarter of the key's increments, every 10 ms.
+		for k := int64(0); k < 20; k++ {
+			settle(7*sec+(10*k+5)*ms, 7, 4*(k+1), 1)
+		}
+		// The store is lost from 7.2 s to 10 s; this node admitted 150 of
+		// window 10 meanwhile, and its syncs then find only its own.
+		at, cur := 10*sec+5*ms, int64(150)
+		settle(at, 10, cur, 150)
+		st := &tb.shareOf(e, 0).st
+		require.Equal(t, int16(outagePeriods), st.recover)
+		for range outagePeriods + 5 {
+			at += 10 * ms
+			v := settle(at, 10, cur, 0)
+			require.Positive(t, st.recover, "the others' part is missing: still recovering")
+			require.Less(t, v.share, 1.0, "no hand-off")
+		}
+		if back {
+			// The others push their 450 of the outage: the recovery ends.
+			cur += 450
+			at += 10 * ms
+			settle(at, 10, cur, 0)
+			assert.Zero(t, st.recover, "the others' part is in")
+			continue
+		}
+		for range outageWait {
+			at += 10 * ms
+			settle(at, 10, cur, 0)
+		}
+		assert.Zero(t, st.recover, "waited outageWait syncs at most")
+	}
+}
