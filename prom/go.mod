@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125042146-e7cf1e05fe98
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125055850-d4f2cc3ef2de
 	github.com/stretchr/testify v1.12.1
 )
 
