@@ -236,23 +236,7 @@ func TestShareOutageMidBurstDecidesByTheSettledShare(t *testing.T) {
 // window.
 func TestShareRecoversFromAnOutage(t *testing.T) {
 	const sec, ms = int64(time.Second), int64(time.Millisecond)
-	tb := NewTable(Options{
-		Rules:   []Rule{NewRule(Spec{Kind: Fixed, Limit: 600, Window: time.Second})},
-		MaxKeys: 10, Syncing: true, Share: true, ReadPrev: 3 * sec, SyncRate: 100 * ms,
-	})
-	require.True(t, allow(t, tb, "k", 1, 7*sec))
-	e := entry(t, tb, "k")
-	settle := func(at, win, cur, prev, own int64) snapValues {
-		tb.mu(e).Lock()
-		tb.settleShare(e, 0, at, win, cur, prev, false, own, 0, own)
-		tb.mu(e).Unlock()
-		v, ok := tb.shareOf(e, 0).snap.load()
-		require.True(t, ok)
-		return v
-	}
-	tb.mu(e).Lock()
-	tb.newShares(e)
-	tb.mu(e).Unlock()
+	tb, e, settle := recoveryFixture(t, 100*ms)
 	// Window 7: this node's quarter of the key's increments, every sync.
 	for k := int64(0); k < 10; k++ {
 		settle(7*sec+(10*k+5)*ms*10, 7, 40*(k+1), 0, 10)
@@ -356,23 +340,8 @@ func TestShareRecoveryGaps(t *testing.T) {
 func TestShareRecoveryWaitsForTheOthers(t *testing.T) {
 	const sec, ms = int64(time.Second), int64(time.Millisecond)
 	for _, back := range []bool{true, false} {
-		tb := NewTable(Options{
-			Rules:   []Rule{NewRule(Spec{Kind: Fixed, Limit: 600, Window: time.Second})},
-			MaxKeys: 10, Syncing: true, Share: true, ReadPrev: 3 * sec, SyncRate: 10 * ms,
-		})
-		require.True(t, allow(t, tb, "k", 1, 7*sec))
-		e := entry(t, tb, "k")
-		settle := func(at, win, cur, own int64) snapValues {
-			tb.mu(e).Lock()
-			tb.settleShare(e, 0, at, win, cur, 0, false, own, 0, own)
-			tb.mu(e).Unlock()
-			v, ok := tb.shareOf(e, 0).snap.load()
-			require.True(t, ok)
-			return v
-		}
-		tb.mu(e).Lock()
-		tb.newShares(e)
-		tb.mu(e).Unlock()
+		tb, e, settle3 := recoveryFixture(t, 10*ms)
+		settle := func(at, win, cur, own int64) snapValues { return settle3(at, win, cur, 0, own) }
 		// Window 7: this node's quarter of the key's increments, every 10 ms.
 		for k := int64(0); k < 20; k++ {
 			settle(7*sec+(10*k+5)*ms, 7, 4*(k+1), 1)
@@ -403,4 +372,29 @@ func TestShareRecoveryWaitsForTheOthers(t *testing.T) {
 		}
 		assert.Zero(t, st.recover, "waited outageWait syncs at most")
 	}
+}
+
+// recoveryFixture is a table of a Fixed 600/1s rule under the share
+// policy, synced every rate (ns), with key "k" admitted once at 7 s and
+// its share state made; settle settles the key's sync at at (window win,
+// the store's counts cur and prev, own of them this node's).
+func recoveryFixture(t *testing.T, rate int64) (*Table, *Entry, func(at, win, cur, prev, own int64) snapValues) {
+	tb := NewTable(Options{
+		Rules:   []Rule{NewRule(Spec{Kind: Fixed, Limit: 600, Window: time.Second})},
+		MaxKeys: 10, Syncing: true, Share: true, ReadPrev: 3 * int64(time.Second), SyncRate: rate,
+	})
+	require.True(t, allow(t, tb, "k", 1, 7*int64(time.Second)))
+	e := entry(t, tb, "k")
+	settle := func(at, win, cur, prev, own int64) snapValues {
+		tb.mu(e).Lock()
+		tb.settleShare(e, 0, at, win, cur, prev, false, own, 0, own)
+		tb.mu(e).Unlock()
+		v, ok := tb.shareOf(e, 0).snap.load()
+		require.True(t, ok)
+		return v
+	}
+	tb.mu(e).Lock()
+	tb.newShares(e)
+	tb.mu(e).Unlock()
+	return tb, e, settle
 }
