@@ -2,6 +2,7 @@ package hybridlimit_test
 
 import (
 	"context"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -72,6 +73,45 @@ func TestFaultClusterStopMidBurst(t *testing.T) {
 // admits at most 5 % over the limit and at least 85 % of it.
 func TestFaultClusterFailoverMidBurst(t *testing.T) {
 	clusterMidBurst(t, "1000", 5, 6)
+}
+
+// The Sentinel group's master hangs (SIGSTOP) for 5 s, 50 ms into a window
+// of a Fixed 800/1s limit that four ModeAsync nodes decide at 6× the
+// limit through redis.NewFailoverClient, as in
+// TestFaultStandaloneStopMidBurst. The sentinels (down-after 1 s) promote
+// the replica about 2 s into the hang, and the nodes' new connections
+// reach it. Proven: the failover happened, and every window from the
+// hang's to the one after its end admits at most 5 % over the limit and
+// at least 85 % of it.
+func TestFaultSentinelStopMidBurst(t *testing.T) {
+	redistest.Destructive(t)
+	master := redistest.WaitSentinelStable(t, 30*time.Second)
+	addrs, name := redistest.SentinelAddrs(t), redistest.SentinelMaster(t)
+	pfx := redistest.Prefix(t)
+	const limit, hang = 800, 5
+	var nodes []*hybridlimit.Limiter
+	for range 4 {
+		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: name, SentinelAddrs: addrs,
+			MaxRetries: -1, PoolSize: 32, DialTimeout: faultIO, ReadTimeout: faultIO, WriteTimeout: faultIO})
+		t.Cleanup(func() { _ = c.Close() })
+		l, err := hybridlimit.New(midBurstConfig(newRedisStore(t, c), pfx, limit))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		nodes = append(nodes, l)
+	}
+	p := paced(nodes, []string{"k"}, 6*limit)
+	from := p.hangMidBurst(t, nodes, master, hang)
+	sc := redistest.SentinelClient(t)
+	assert.Eventually(t, func() bool {
+		a, err := sc.GetMasterAddrByName(context.Background(), name).Result()
+		return err == nil && len(a) == 2 && net.JoinHostPort(a[0], a[1]) != master
+	}, 10*time.Second, 100*time.Millisecond, "no failover of %s", master)
+	got := p.windows("k")
+	t.Logf("admitted per window from %d (the hang in windows %d to %d, limit %d): %v", p.first, from, from+hang, limit, got)
+	for s := from; s <= from+hang+1; s++ {
+		assert.LessOrEqual(t, got[s], int64(limit*105/100), "window %d of the hang: over the limit", s-from)
+		assert.GreaterOrEqual(t, got[s], int64(limit*85/100), "window %d of the hang: well under the limit", s-from)
+	}
 }
 
 // clusterMidBurst runs the mid-burst hang of a Cluster master: the
