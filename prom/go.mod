@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125055952-573f7b7d6061
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125062013-d09e8bfa695b
 	github.com/stretchr/testify v1.12.1
 )
 
