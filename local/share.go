@@ -101,7 +101,7 @@ const (
 	outagePeriods = 12
 	// outageWait is how many more syncs a recovery may wait for the
 	// other nodes' increments of the outage to reach the store (see
-	// othersMissing): in a Redis Cluster, a node can find the promoted
+	// shareStats.recovery): in a Redis Cluster, a node can find the promoted
 	// replica a StoreTimeout and a slot-map reload after another, well
 	// past outagePeriods syncs.
 	outageWait = 4 * outagePeriods
@@ -233,7 +233,14 @@ func (t *Table) periodOf(st *shareStats) int64 {
 // while go-redis sends the calls again) renews the recovery and keeps
 // what this node admitted in the window: starting over from this sync's
 // increments would give it its safe share of the limit twice.
-func (st *shareStats) recovery(r *Rule, last snapValues, now, win, ownSpan, period int64) {
+//
+// Nor does a recovery end while the store's count of the window (count
+// returns it) lacks the others' part (othersMissing): their pushes of the
+// outage may come late (in a Redis Cluster, a node can reach a promoted
+// replica a StoreTimeout and a slot-map reload after another), and ending
+// on these totals would hand the key to the plain rule, which spends their
+// part again. It waits at most outageWait more syncs.
+func (st *shareStats) recovery(r *Rule, last snapValues, now, win, ownSpan, period int64, count func() float64) {
 	newWindow := r.kind == Fixed && last.win != win
 	switch {
 	case st.at != 0 && last.until > 0 && now >= last.until+period:
@@ -249,38 +256,52 @@ func (st *shareStats) recovery(r *Rule, last snapValues, now, win, ownSpan, peri
 		}
 		st.recover = outagePeriods
 	case st.recover > 0:
-		st.recover--
 		if newWindow {
 			st.ownWin = 0
 		}
+		st.ownWin += float32(ownSpan)
+		if st.recover == 1 && st.waited < outageWait && st.othersMissing(last.safe, count()) {
+			st.waited++
+		} else {
+			st.recover--
+		}
+		return
 	default:
 		return
 	}
 	st.ownWin += float32(ownSpan)
 }
 
-// othersMissing reports, at the last sync of a recovery of rule i of e
-// (window win, the store's count cur), whether the store's count of the
-// window still lacks most of what the other nodes admitted in it. By the
-// shares, they admit (1−safe)/safe of what this node does: while the
-// window's count shows less than three quarters of that beside this node's
+// othersMissing reports whether the store's count of a recovering rule's
+// window, count, still lacks most of what the other nodes admitted in it.
+// By the shares, they admit (1−safe)/safe of what this node does: while
+// the count shows less than three quarters of that beside this node's
 // increments since the outage (st.ownWin), they have not pushed their
-// admissions of the outage yet (in a Redis Cluster, a node can reach a
-// promoted replica a StoreTimeout and a slot-map reload after another).
-// Call with e's mutex held.
-func (t *Table) othersMissing(e *Entry, i int, st *shareStats, last snapValues, win, cur int64) bool {
-	safe := last.safe
+// admissions of the outage yet.
+func (st *shareStats) othersMissing(safe, count float64) bool {
 	if safe <= 0 || safe >= 1 || st.ownWin <= 0 {
 		return false
 	}
-	r := &t.rules[i]
-	count := float64(cur)
-	if r.kind == Buckets {
-		var buf [maxBuckets]int64
-		count = float64(r.bucketSum(t.bucketCounts(e, i, win, cur, buf[:])))
-	}
 	own := float64(st.ownWin)
 	return count-own < 0.75*own*(1-safe)/safe
+}
+
+// storeCount returns the cluster's count of rule i of e in window win at
+// now as the store holds it, cur being the window's total there: a
+// Buckets rule's buckets summed, a sliding window's previous count
+// weighted. Call with e's mutex held.
+func (t *Table) storeCount(e *Entry, i int, now, win, cur int64) float64 {
+	r := &t.rules[i]
+	if r.kind == Buckets {
+		var buf [maxBuckets]int64
+		return float64(r.bucketSum(t.bucketCounts(e, i, win, cur, buf[:])))
+	}
+	weight := 0.0
+	if !r.fixed {
+		_, el := WindowOf(now, r.w)
+		weight = float64(r.w-el) * r.invW
+	}
+	return float64(e.ctr(i).prev.Load())*weight + float64(cur)
 }
 
 // shareRoom returns what the share policy allows at counts prev and cur
@@ -376,15 +397,7 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 	default:
 		known = false
 	}
-	recovering := st.recover > 0
-	st.recovery(r, last, now, win, ownSpan, t.periodOf(st))
-	if recovering && st.recover == 0 && st.waited < outageWait && t.othersMissing(e, i, st, last, win, cur) {
-		// The recovery's last sync, but the store's totals still lack the
-		// others' part of the window: they have not pushed their outage
-		// yet. Handing the key to the plain rule, or deciding by these
-		// totals, would spend their part again.
-		st.recover, st.waited = 1, st.waited+1
-	}
+	st.recovery(r, last, now, win, ownSpan, t.periodOf(st), func() float64 { return t.storeCount(e, i, now, win, cur) })
 	if st.recover > 0 && r.kind == Buckets {
 		// The others' pushes of the outage reach closed buckets after
 		// ReadPrev: the next take reads them all again.
@@ -429,19 +442,7 @@ func (t *Table) settleShare(e *Entry, i int, now, win, cur, prev int64, prevRead
 		if r.fixed {
 			rate = max(rate, float64(st.ratePeak))
 		}
-		// The cluster's count as the store holds it.
-		var known float64
-		if r.kind == Buckets {
-			var buf [maxBuckets]int64
-			known = float64(r.bucketSum(t.bucketCounts(e, i, win, cur, buf[:])))
-		} else {
-			weight := 0.0
-			if !r.fixed {
-				_, el := WindowOf(now, r.w)
-				weight = float64(r.w-el) * r.invW
-			}
-			known = float64(e.ctr(i).prev.Load())*weight + float64(cur)
-		}
+		known := t.storeCount(e, i, now, win, cur)
 		// Past handoffPeriods without a sync of the key (a store outage),
 		// the safe share decides, with the dither's mean.
 		until := now + max(handoffPeriods*t.periodOf(st), 1)
