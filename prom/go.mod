@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125062013-d09e8bfa695b
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125064149-ca514e46f6de
 	github.com/stretchr/testify v1.12.1
 )
 
