@@ -196,8 +196,9 @@ func TestPushKeysAreCounterKeys(t *testing.T) {
 }
 
 // TestPushOrder: the push script gets the ops on a count first, in the
-// batch's order, then the arrival times, each with its rate last, and the
-// largest delta of a count.
+// batch's order, then the arrival times, each with its rate last, after
+// the batch's header (ops, seq, counts, the largest delta of a count, the
+// seq before it) and, but for a call's first batch, its keys.
 func TestPushOrder(t *testing.T) {
 	count := func(d int64) Op { return Op{Counter: Counter{Key: "c", Window: 1000}, Delta: d} }
 	rate := func(d, r int64) Op { return Op{Counter: Counter{Key: "r", Rate: r, Burst: 1}, Delta: d} }
@@ -207,17 +208,50 @@ func TestPushOrder(t *testing.T) {
 		counts int
 		argv   []any
 	}{
-		{nil, nil, 0, []any{uint64(9), int64(5), 0, int64(0), uint64(7)}},
-		{[]Op{count(1), count(-4), count(2)}, nil, 3, []any{uint64(9), int64(5), 3, int64(2), int64(1), int64(-4), int64(2), uint64(7)}},
+		{nil, nil, 0, []any{0, uint64(9), 0, int64(0), uint64(7)}},
+		{[]Op{count(1), count(-4), count(2)}, nil, 3, []any{3, uint64(9), 3, int64(2), uint64(7), int64(1), int64(-4), int64(2)}},
 		{[]Op{rate(3, 70), count(1), rate(4, 80), count(2)}, []int{1, 3, 0, 2}, 2,
-			[]any{uint64(9), int64(5), 2, int64(2), int64(1), int64(2), int64(3), int64(4), int64(70), int64(80), uint64(7)}},
-		{[]Op{rate(3, 70)}, []int{0}, 0, []any{uint64(9), int64(5), 0, int64(0), int64(3), int64(70), uint64(7)}},
+			[]any{4, uint64(9), 2, int64(2), uint64(7), int64(1), int64(2), int64(3), int64(4), int64(70), int64(80)}},
+		{[]Op{rate(3, 70)}, []int{0}, 0, []any{1, uint64(9), 0, int64(0), uint64(7), int64(3), int64(70)}},
 	} {
 		b := &Batch{Seq: 9, Ops: tc.ops}
 		order, counts := pushOrder(b)
 		require.Equal(t, tc.order, order)
 		require.Equal(t, tc.counts, counts)
-		require.Equal(t, tc.argv, pushArgs(b, order, counts, 5, 7))
+		require.Equal(t, append([]any{int64(5)}, tc.argv...), appendPushArgs([]any{int64(5)}, b, order, counts, 7, nil))
+		// A later batch of a call carries its keys after its header.
+		keys := []string{"m", "k"}
+		got := appendPushArgs(nil, b, order, counts, 7, keys)
+		require.Len(t, got, len(tc.argv)+len(keys))
+		require.Equal(t, tc.argv[:5], got[:5])
+		require.Equal(t, []any{&keys[0], &keys[1]}, got[5:7])
+		require.Equal(t, tc.argv[5:], got[7:])
+	}
+}
+
+// TestPushCallsOf: small batches share a call up to maxCallOps ops; a
+// batch with more goes alone.
+func TestPushCallsOf(t *testing.T) {
+	of := func(ns ...int) []*Batch {
+		bs := make([]*Batch, len(ns))
+		for i, n := range ns {
+			bs[i] = &Batch{Ops: make([]Op, n)}
+		}
+		return bs
+	}
+	for _, tc := range []struct {
+		ops  []int
+		send []int
+		want [][]int
+	}{
+		{[]int{1}, []int{0}, [][]int{{0}}},
+		{[]int{1, 2, 3}, []int{0, 1, 2}, [][]int{{0, 1, 2}}},
+		{[]int{1, 2, 3}, []int{2, 0}, [][]int{{2, 0}}},
+		{[]int{maxCallOps, 1, maxCallOps - 1, 1}, []int{0, 1, 2, 3}, [][]int{{0}, {1, 2}, {3}}},
+		{[]int{maxCallOps + 5, 1}, []int{1, 0}, [][]int{{1}, {0}}},
+		{[]int{200, 200, 200}, []int{0, 1, 2}, [][]int{{0, 1}, {2}}},
+	} {
+		require.Equal(t, tc.want, pushCallsOf(of(tc.ops...), tc.send), "%v", tc.ops)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -216,5 +217,114 @@ func TestRedisClusterPushOrderDuringMigration(t *testing.T) {
 			require.NoError(t, err)
 		}
 		assert.Equal(t, want, v, "key %q: every batch applied once", k)
+	}
+}
+
+// evalCounter counts the EVAL commands a client sends.
+type evalCounter struct{ n atomic.Int64 }
+
+func (h *evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+func (h *evalCounter) count(cmd redis.Cmder) {
+	if cmd.Name() == "eval" || cmd.Name() == "evalsha" {
+		h.n.Add(1)
+	}
+}
+
+// The batches of several slots of one master go in one push script call.
+// A later batch whose slot the master is giving away, with one of its
+// keys already gone, is refused whole before it changes anything, beside
+// the call's other batches, which are applied; sent again once the
+// migration is called off, it is applied once.
+func TestRedisClusterPushCallSpansSlots(t *testing.T) {
+	redistest.Destructive(t)
+	shards := redistest.WaitClusterOK(t, 30*time.Second)
+	require.Len(t, shards, 3)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	evals := &evalCounter{}
+	c.AddHook(evals)
+	s, err := store.NewRedis(c, store.RedisOptions{BreakerMin: -1})
+	require.NoError(t, err)
+	pfx := redistest.Prefix(t)
+	const w = 60_000
+	id := future / w
+	// Three keys of shards[0] in three slots of one lane (RedisOptions.Lanes
+	// is 4): one pipeline.
+	var keys []string
+	lane := -1
+	for i := 0; len(keys) < 3; i++ {
+		k := keyOn(shards[0], "s"+strconv.Itoa(i)+"-")
+		g := store.Slot(k)
+		if lane == -1 {
+			lane = g % 4
+		}
+		if g%4 == lane && (len(keys) == 0 || g != store.Slot(keys[len(keys)-1])) && (len(keys) < 2 || g != store.Slot(keys[0])) {
+			keys = append(keys, k)
+		}
+	}
+	count := func(k string) int64 {
+		t.Helper()
+		v, err := c.Get(context.Background(), store.CounterKey(pfx, store.Counter{Key: k, Window: w, ID: id})).Int64()
+		if !errors.Is(err, redis.Nil) {
+			require.NoError(t, err)
+		}
+		return v
+	}
+	push(t, s, batch(s, pfx, "n", keys[0], 1, op(w, id, 1)), batch(s, pfx, "n", keys[1], 1, op(w, id, 2)), batch(s, pfx, "n", keys[2], 1, op(w, id, 3)))
+	require.Equal(t, int64(1), evals.n.Load(), "one call for the three slots")
+	for j, k := range keys {
+		require.Equal(t, int64(j+1), count(k))
+	}
+
+	// keys[1]'s slot migrates; a key of it that the source does not hold
+	// makes its batch refused.
+	ctx := context.Background()
+	g := store.Slot(keys[1])
+	var fresh string
+	for i := 0; fresh == ""; i++ {
+		if k := "f" + strconv.Itoa(i); store.Slot(k) == g {
+			fresh = k
+		}
+	}
+	src, dst := redistest.ClientAt(t, shards[0].Master), redistest.ClientAt(t, shards[1].Master)
+	srcID, err := src.Do(ctx, "cluster", "myid").Text()
+	require.NoError(t, err)
+	dstID, err := dst.Do(ctx, "cluster", "myid").Text()
+	require.NoError(t, err)
+	stable := func() {
+		_ = src.Do(ctx, "cluster", "setslot", g, "stable").Err()
+		_ = dst.Do(ctx, "cluster", "setslot", g, "stable").Err()
+	}
+	t.Cleanup(stable)
+	require.NoError(t, dst.Do(ctx, "cluster", "setslot", g, "importing", srcID).Err())
+	require.NoError(t, src.Do(ctx, "cluster", "setslot", g, "migrating", dstID).Err())
+	bs := []*store.Batch{batch(s, pfx, "n", keys[0], 2, op(w, id, 10)), batch(s, pfx, "n", fresh, 2, op(w, id, 5)), batch(s, pfx, "n", keys[2], 2, op(w, id, 30))}
+	require.NoError(t, s.Push(ctx, bs))
+	require.Equal(t, int64(2), evals.n.Load(), "one call again")
+	assert.Equal(t, store.Applied, bs[0].Status, "%v", bs[0].Err)
+	assert.Equal(t, store.Failed, bs[1].Status, "%v", bs[1].Err)
+	assert.Error(t, bs[1].Err)
+	assert.Equal(t, store.Applied, bs[2].Status, "%v", bs[2].Err)
+	assert.Equal(t, []int64{11}, bs[0].Totals)
+	assert.Equal(t, []int64{33}, bs[2].Totals)
+	stable()
+	push(t, s, batch(s, pfx, "n", fresh, 2, op(w, id, 5)))
+	push(t, s, batch(s, pfx, "n", fresh, 2, op(w, id, 5))) // sent again: applied before
+	for k, want := range map[string]int64{keys[0]: 11, keys[1]: 2, fresh: 5, keys[2]: 33} {
+		assert.Equal(t, want, count(k), "key %q: every batch applied once", k)
 	}
 }

@@ -5,12 +5,11 @@ import (
 	"encoding/base64"
 	"fmt"
 	"unsafe"
-
-	"github.com/redis/go-redis/v9"
 )
 
-// The Redis store's Push: one push script call per batch, in one pipeline
-// per lane and server.
+// The Redis store's Push: one push script call per batch, or per several
+// small batches (many slots' batches in one call in a Redis Cluster), in
+// one pipeline per lane and server.
 
 // Push implements Store.
 func (s *Redis) Push(ctx context.Context, batches []*Batch) error {
@@ -65,6 +64,7 @@ func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, add
 	// EVAL, not EVALSHA: a server without the script cached would fail
 	// one batch and run the next of its group, out of order.
 	orders := make([][]int, len(batches)) // by batch
+	counts := make([]int, len(batches))   // by batch: its count ops
 	// A batch goes after the one before it of its group in the pipeline:
 	// the script refuses it unless that one was applied. An error reply to
 	// the older one (TRYAGAIN while its slot migrates) beside a newer one
@@ -76,19 +76,91 @@ func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, add
 		b := batches[i]
 		prev[i], last[b.Group] = last[b.Group], b.Seq
 	}
-	cmds := s.exec(ctx, pushScript, true, send, func(i int) ([]string, []any) {
-		b := batches[i]
-		order, counts := pushOrder(b)
-		orders[i] = order
-		keys := pushKeys(markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node), b, order)
-		return keys, pushArgs(b, order, counts, ttl, prev[i])
+	calls := pushCallsOf(batches, send)
+	each := make([]int, len(calls))
+	for c := range each {
+		each[c] = c
+	}
+	cmds := s.exec(ctx, pushScript, true, each, func(c int) ([]string, []any) {
+		n := 1 // ARGV's length
+		for x, i := range calls[c] {
+			b := batches[i]
+			orders[i], counts[i] = pushOrder(b)
+			n += 5 + 2*len(b.Ops) - counts[i] // header, deltas, rates
+			if x > 0 {
+				n += 1 + len(b.Ops) // keys
+			}
+		}
+		var keys []string
+		argv := append(make([]any, 0, n), ttl)
+		for _, i := range calls[c] {
+			b := batches[i]
+			bk := pushKeys(markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node), b, orders[i])
+			if keys == nil {
+				keys, bk = bk, nil // the first batch's keys are the call's
+			}
+			argv = appendPushArgs(argv, b, orders[i], counts[i], prev[i], bk)
+		}
+		return keys, argv
 	})
 	outcome := make(map[string]error, 1)
-	for k, i := range send {
-		s.readPush(cmds[k], batches[i], orders[i])
-		s.merge(outcome, addrs[i], cmdErr(cmds[k]))
+	moved := false
+	for k, items := range calls {
+		err := cmdErr(cmds[k])
+		var replies []any
+		if err == nil {
+			if replies, err = cmds[k].Slice(); err == nil && len(replies) != len(items) {
+				err = fmt.Errorf("push script replied for %d batches, want %d", len(replies), len(items))
+			}
+			if err != nil {
+				// The script ran to its end (a reply came), but the reply
+				// makes no sense: the batches were applied; their totals
+				// are unknown.
+				for _, i := range items {
+					unknownTotals(batches[i], err)
+				}
+				s.merge(outcome, addrs[items[0]], nil)
+				continue
+			}
+		}
+		for x, i := range items {
+			var reply any
+			if replies != nil {
+				reply = replies[x]
+			}
+			if readPush(batches[i], orders[i], err, reply) && x > 0 {
+				moved = true
+			}
+		}
+		s.merge(outcome, addrs[items[0]], err)
+	}
+	if moved && s.cluster != nil {
+		// A batch after a call's first was refused: its slot may be served
+		// elsewhere now, which only the slot map's next reload tells.
+		s.cluster.ReloadState(ctx)
 	}
 	s.reportAll(ctx, outcome, sent)
+}
+
+// maxCallOps bounds the ops of the batches that share a push script call
+// (a batch with more goes alone): the calls of many small batches (a
+// Cluster's slots) cost one call's overhead, and no call holds the
+// server much longer than one full batch's.
+const maxCallOps = 512
+
+// pushCallsOf splits send, a server's batches in pipeline order, into
+// script calls, each a part of send.
+func pushCallsOf(batches []*Batch, send []int) [][]int {
+	calls := make([][]int, 0, 1)
+	from, ops := 0, 0
+	for k, i := range send {
+		n := len(batches[i].Ops)
+		if k > from && ops+n > maxCallOps {
+			calls, from, ops = append(calls, send[from:k]), k, 0
+		}
+		ops += n
+	}
+	return append(calls, send[from:])
 }
 
 // pushOrder returns the order in which the push script gets b's ops (nil:
@@ -118,24 +190,29 @@ func pushOrder(b *Batch) (order []int, counts int) {
 	return order, counts
 }
 
-// pushArgs returns the push script's ARGV for b's ops in order (see
-// pushScript), prev being the sequence number of the batch of b's group
-// before b in its pipeline (0: none).
-func pushArgs(b *Batch, order []int, counts int, ttl int64, prev uint64) []any {
+// appendPushArgs appends to argv the push script's arguments for b's ops
+// in order (see pushScript), prev being the sequence number of the batch
+// of b's group before b in its pipeline (0: none), and keys b's keys when
+// b is not the call's first batch (nil when it is).
+func appendPushArgs(argv []any, b *Batch, order []int, counts int, prev uint64, keys []string) []any {
 	n := len(b.Ops)
-	argv := make([]any, 4+n+n-counts+1)
-	argv[len(argv)-1] = prev
+	h := len(argv)
+	argv = append(argv, n, b.Seq, counts, int64(0), prev)
+	for i := range keys {
+		argv = append(argv, &keys[i]) // boxes without allocating
+	}
 	var maxd int64
 	for k := range n {
 		op := &b.Ops[opAt(order, k)]
-		argv[4+k] = op.Delta
-		if k >= counts {
-			argv[4+n+k-counts] = op.Rate
-		} else {
+		argv = append(argv, op.Delta)
+		if k < counts {
 			maxd = max(maxd, op.Delta)
 		}
 	}
-	argv[0], argv[1], argv[2], argv[3] = b.Seq, ttl, counts, maxd
+	for k := counts; k < n; k++ {
+		argv = append(argv, b.Ops[opAt(order, k)].Rate)
+	}
+	argv[h+3] = maxd
 	return argv
 }
 
@@ -175,29 +252,38 @@ func pushKeys(marker string, b *Batch, order []int) []string {
 	return keys
 }
 
+// unknownTotals sets b's results for a batch the store applied whose
+// totals are unknown, err saying why.
+func unknownTotals(b *Batch, err error) {
+	b.Status, b.Err = Applied, fmt.Errorf("store: redis push: %w", err)
+	b.Totals = resize(b.Totals, len(b.Ops))
+	clear(b.Totals)
+	b.Refused = b.Refused[:0]
+}
+
 // readPush sets b's results from its script call, which had b's ops in
-// order (see pushOrder).
-func (s *Redis) readPush(cmd *redis.Cmd, b *Batch, order []int) {
-	if err := cmdErr(cmd); err != nil {
+// order (see pushOrder): err is the call's error, reply the script's reply
+// for b. It reports whether the script refused b whole.
+func readPush(b *Batch, order []int, err error, reply any) (refused bool) {
+	if err == nil {
+		if e, ok := reply.(error); ok {
+			err, refused = e, true
+		}
+	}
+	if err != nil {
 		b.Status = InDoubt
 		if isReply(err) {
 			b.Status = Failed
 		}
 		b.Err = fmt.Errorf("store: redis push of %d counters: %w", len(b.Ops), err)
-		return
+		return refused
 	}
-	vals, err := cmd.Slice()
-	if err == nil && len(vals) != 1+len(b.Ops) {
-		err = fmt.Errorf("push script replied %d values, want %d", len(vals), 1+len(b.Ops))
-	}
-	if err != nil {
+	vals, ok := reply.([]any)
+	if !ok || len(vals) != 1+len(b.Ops) {
 		// The script ran to its end (a reply came), but the reply makes
 		// no sense: the batch was applied; its totals are unknown.
-		b.Status, b.Err = Applied, fmt.Errorf("store: redis push: %w", err)
-		b.Totals = resize(b.Totals, len(b.Ops))
-		clear(b.Totals)
-		b.Refused = b.Refused[:0]
-		return
+		unknownTotals(b, fmt.Errorf("push script replied %T of %d values for a batch, want %d", reply, len(vals), 1+len(b.Ops)))
+		return false
 	}
 	b.Status, b.Err = Applied, nil
 	b.Totals = resize(b.Totals, len(b.Ops))
@@ -220,4 +306,5 @@ func (s *Redis) readPush(cmd *redis.Cmd, b *Batch, order []int) {
 		}
 		b.Refused[j] = true
 	}
+	return false
 }

@@ -22,24 +22,31 @@ const prelude = `if redis.replicate_commands then redis.replicate_commands() end
 local maxahead = 2305843009213693
 local function exact(x) return x ~= nil and x % 1 == 0 and x < 9007199254740992 and x > -9007199254740992 end`
 
-// pushScript applies one Batch at most once.
+// pushScript applies one or more Batches, each at most once, in order.
 //
-//	KEYS: the node's push marker of the group, then one counter per op:
-//	      the ops on a window's count first, then those on an arrival
-//	      time
-//	ARGV: seq, marker TTL (ms), the number of count ops, the largest
-//	      delta of a count op, then per op its delta, then per
-//	      arrival-time op its rate (µs), and last the seq of the batch
-//	      of the group before this one in the pipeline (0: none)
-//	reply: applied before (0 or 1), then per op the counter's value, or
-//	an error for a counter that holds something other than an integer of
-//	magnitude below 2^53 (a foreign value, which the op leaves as it is;
-//	the batch's other ops are applied)
+//	KEYS: the first batch's keys: the node's push marker of its group,
+//	      then one counter per op: the ops on a window's count first,
+//	      then those on an arrival time
+//	ARGV: the marker TTL (ms), then per batch: its number of ops n, seq,
+//	      the number of count ops, the largest delta of a count op, the
+//	      seq of the batch of its group before it in the pipeline (0:
+//	      none); for every batch but the first, its n+1 keys as in KEYS;
+//	      then per op its delta, and per arrival-time op its rate (µs)
+//	reply: per batch an array: applied before (0 or 1), then per op the
+//	counter's value, or an error for a counter that holds something
+//	other than an integer of magnitude below 2^53 (a foreign value, which
+//	the op leaves as it is; the batch's other ops are applied); or an
+//	error, for a batch the script refused whole
 //
 // A batch not applied before whose predecessor in the pipeline was not
-// applied either (the marker is below its seq) is refused with an error
-// reply, and changes nothing: the marker must never pass a batch of the
-// group that did not run.
+// applied either (the marker is below its seq) is refused, and changes
+// nothing: the marker must never pass a batch of the group that did not
+// run. In a Redis Cluster the server checks only the keys a call
+// declares, the first batch's, before the script runs; a later batch's
+// keys, in one slot as every batch's, are checked by one EXISTS of them
+// all first, which fails when their slot is served elsewhere or moves
+// away with some of them missing: such a batch is refused too, before it
+// changes anything, and one call carries the batches of many slots.
 //
 // A count the batch creates expires once no window counts it
 // (store.ExpireAt), computed from the window, span and id at the end of its
@@ -49,16 +56,9 @@ local function exact(x) return x ~= nil and x % 1 == 0 and x < 9007199254740992 
 // parses a batch's arguments before the script runs, and a second one per
 // op cost about a tenth of the script's time.
 var pushScript = newScript(prelude + `
-local seq = tonumber(ARGV[1])
-local counts, maxd = tonumber(ARGV[3]), tonumber(ARGV[4])
-local m = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
-local dup = m >= seq
-if not dup and m < tonumber(ARGV[#ARGV]) then
-  return redis.error_reply('ERR the batch before this one in its group was not applied')
-end
-local out = {dup and 1 or 0}
-local now
 local call, pcall = redis.call, redis.pcall
+local ttl = ARGV[1]
+local now
 -- read returns a counter's value, or an error (a table) when the key holds
 -- something else than an integer below 2^53 in magnitude: a foreign value
 -- fails its own op, never the script, which would leave the ops before it
@@ -71,58 +71,84 @@ local function read(key)
   if exact(v) then return v end
   return {err = 'counter holds a value that is not an integer'}
 end
-for i = 2, counts + 1 do
-  -- The delta goes to INCRBY as the string it came as: a Lua number would
-  -- be formatted back into one, which costs more than the INCRBY.
-  local ds = ARGV[i + 3]
-  local v
-  if dup or ds == '0' then
-    v = read(KEYS[i])
-  else
-    v = pcall('INCRBY', KEYS[i], ds)
-    if type(v) ~= 'number' then
-      -- an error reply: a foreign value, left as it is
-    elseif v >= 9007199254740992 or v <= -9007199254740992 then
-      -- (an integer reply: exact but for its magnitude)
-      call('DECRBY', KEYS[i], ds) -- a foreign count: leave it as it was
-      v = {err = 'counter holds an integer out of range'}
-    elseif v <= maxd and v == tonumber(ds) then
-      -- A new counter (one above maxd held counts before: no need to
-      -- parse the delta).
-      local w, span, id = string.match(KEYS[i], ':(%d+)x?(%d*):(%-?%d+)$')
-      local sp = tonumber(span) or 1
-      call('PEXPIREAT', KEYS[i], (tonumber(id) + 1 + sp) * tonumber(w) + 60000)
-    end
+-- push applies the batch whose arguments begin at ARGV[a]; keys[k] is its
+-- marker, keys[k + j] the counter of its j-th op; its deltas begin at
+-- ARGV[d].
+local function push(keys, k, a, d)
+  local n, seq = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local counts, maxd = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  if keys ~= KEYS then
+    local e = pcall('EXISTS', unpack(keys, k, k + n))
+    if type(e) == 'table' then return e end
   end
-  out[i] = v
-end
-local rates = #KEYS + 2 - counts
-for i = counts + 2, #KEYS do
-  local ds = ARGV[i + 3]
-  local v
-  if dup or ds == '0' then
-    v = read(KEYS[i])
-  else
-    local d, rate = tonumber(ds), tonumber(ARGV[i + rates])
-    if not now then
-      local t = call('TIME')
-      now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    end
-    local tat = read(KEYS[i])
-    if type(tat) == 'number' then
-      if d > 0 and tat < now then tat = now end
-      tat = math.min(math.max(tat + d * rate, now - maxahead), now + maxahead)
-      call('SET', KEYS[i], tat, 'PX', math.floor(math.max(tat - now, 0) / 1000) + 60000)
-    end
-    v = tat
+  local m = tonumber(call('GET', keys[k]) or '0') or 0
+  local dup = m >= seq
+  if not dup and m < tonumber(ARGV[a + 4]) then
+    return redis.error_reply('ERR the batch before this one in its group was not applied')
   end
-  out[i] = v
+  local out = {dup and 1 or 0}
+  for j = 1, counts do
+    -- The delta goes to INCRBY as the string it came as: a Lua number would
+    -- be formatted back into one, which costs more than the INCRBY.
+    local key, ds = keys[k + j], ARGV[d + j - 1]
+    local v
+    if dup or ds == '0' then
+      v = read(key)
+    else
+      v = pcall('INCRBY', key, ds)
+      if type(v) ~= 'number' then
+        -- an error reply: a foreign value, left as it is
+      elseif v >= 9007199254740992 or v <= -9007199254740992 then
+        -- (an integer reply: exact but for its magnitude)
+        call('DECRBY', key, ds) -- a foreign count: leave it as it was
+        v = {err = 'counter holds an integer out of range'}
+      elseif v <= maxd and v == tonumber(ds) then
+        -- A new counter (one above maxd held counts before: no need to
+        -- parse the delta).
+        local w, span, id = string.match(key, ':(%d+)x?(%d*):(%-?%d+)$')
+        local sp = tonumber(span) or 1
+        call('PEXPIREAT', key, (tonumber(id) + 1 + sp) * tonumber(w) + 60000)
+      end
+    end
+    out[1 + j] = v
+  end
+  for j = counts + 1, n do
+    local key, ds = keys[k + j], ARGV[d + j - 1]
+    local v
+    if dup or ds == '0' then
+      v = read(key)
+    else
+      local dl, rate = tonumber(ds), tonumber(ARGV[d + n + j - counts - 1])
+      if not now then
+        local t = call('TIME')
+        now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      end
+      local tat = read(key)
+      if type(tat) == 'number' then
+        if dl > 0 and tat < now then tat = now end
+        tat = math.min(math.max(tat + dl * rate, now - maxahead), now + maxahead)
+        call('SET', key, tat, 'PX', math.floor(math.max(tat - now, 0) / 1000) + 60000)
+      end
+      v = tat
+    end
+    out[1 + j] = v
+  end
+  -- A batch sent again renews the marker: the call writes, so WAIT on its
+  -- connection covers the first run's writes (from Redis 7.2 a connection's
+  -- offset moves only with commands that write).
+  if not dup then call('SET', keys[k], ARGV[a + 1], 'PX', ttl) else call('PEXPIRE', keys[k], ttl) end
+  return out
 end
--- A batch sent again renews the marker: the call writes, so WAIT on its
--- connection covers the first run's writes (from Redis 7.2 a connection's
--- offset moves only with commands that write).
-if not dup then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return out
+local replies = {}
+local a = 2
+while a <= #ARGV do
+  local n, counts = tonumber(ARGV[a]), tonumber(ARGV[a + 2])
+  local keys, k, d = KEYS, 1, a + 5
+  if a > 2 then keys, k, d = ARGV, a + 5, a + n + 6 end
+  replies[#replies + 1] = push(keys, k, a, d)
+  a = d + n + n - counts
+end
+return replies
 `)
 
 // takeScript decides the TakeRequests of one group, in order, each
