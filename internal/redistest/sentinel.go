@@ -173,60 +173,245 @@ func checkRole(addr, role, master string) error {
 // Failover describes a Sentinel failover that SentinelFailover made.
 type Failover struct {
 	Old, New string        // the master before and after
-	Switched time.Duration // from SENTINEL FAILOVER until every sentinel names New
+	Switched time.Duration // from the first SENTINEL FAILOVER until every sentinel names New
 	Settled  time.Duration // until the group is stable, Old a synced replica of New
+	Issued   int           // the SENTINEL FAILOVER commands that a sentinel accepted
 }
+
+// failoverSwitchTimeout bounds SentinelFailover's wait from its first
+// SENTINEL FAILOVER until every sentinel names the new master: room for a
+// failover that aborts (failover-timeout, 5 s in scripts/redis-topology.sh)
+// and a second one, or for a sentinel that learns the switch late.
+const failoverSwitchTimeout = 40 * time.Second
+
+// failoverRetryAfter is how long the sentinels must have shown no failover
+// in progress, and named the old master, before SentinelFailover issues
+// SENTINEL FAILOVER again.
+const failoverRetryAfter = time.Second
 
 // SentinelFailover makes the sentinels fail their master over (SENTINEL
 // FAILOVER), waits until every sentinel names the new master and the old
 // master has become its synced replica (Sentinel converts it some 10 s
 // after the switch), and returns what happened. The test must hold the
 // topology lock exclusive (Destructive).
+//
+// A failover can end without a switch: the sentinel that runs it aborts it
+// when the replica does not report itself master within the failover
+// timeout (-failover-abort-slave-timeout in its log; the sentinels turn a
+// replica promoted too late back into a replica of the old master some 8 s
+// later), or when it finds no replica fit to promote; and a sentinel in
+// TILT mode (its timer ran more than 2 s late, as on a starved machine)
+// acts on nothing for 30 s. Every sentinel then keeps naming the old
+// master, which is up, so nothing starts another failover. So while no
+// sentinel outside TILT has a failover in progress and every
+// sentinel that answers still names the old master, SentinelFailover
+// issues SENTINEL FAILOVER again (a forced failover starts at once), to
+// the next sentinel outside TILT. When some sentinels name the new master
+// and others still the old one, it waits for the laggards: they learn the
+// switch from the hello messages that the sentinels publish every 2 s on
+// the servers. The whole wait is bounded by failoverSwitchTimeout; past it
+// the test fails, with what each sentinel says and the end of its log.
 func SentinelFailover(t testing.TB) Failover {
 	t.Helper()
 	requireExclusive(t, "SentinelFailover")
 	addrs, name := SentinelAddrs(t), SentinelMaster(t)
 	f := Failover{Old: WaitSentinelStable(t, 30*time.Second)}
-	sc := SentinelClient(t)
 	start := time.Now()
-	err := poll(10*time.Second, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		return sc.Failover(ctx, name).Err() // NOGOODSLAVE or INPROG: try again
-	})
-	if err != nil {
-		t.Fatalf("redistest: SENTINEL FAILOVER %s: %v", name, err)
-	}
-	err = poll(20*time.Second, func() error {
-		f.New = ""
-		for _, s := range addrs {
-			err := withClient(context.Background(), s, func(ctx context.Context, c *redis.Client) error {
-				a, err := c.Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", name).StringSlice()
-				if err != nil || len(a) != 2 {
-					return fmt.Errorf("sentinel %s: %v %v", s, a, err)
+	deadline := start.Add(failoverSwitchTimeout)
+	var (
+		target  = -1      // index in addrs of the sentinel last sent SENTINEL FAILOVER
+		lastErr error     // its reply
+		idle    time.Time // since when the group is stuck (see stuck); zero: it is not
+	)
+	for {
+		views := sentinelViews(addrs, name)
+		if m, ok := switched(views, f.Old); ok {
+			f.New = m
+			break
+		}
+		now := time.Now()
+		if now.After(deadline) {
+			for _, v := range views {
+				t.Logf("redistest: sentinel %s: %s\n%s", v.addr, v, sentinelLogTail(v.addr, 20))
+			}
+			t.Fatalf("redistest: the sentinels did not switch from master %s to one new master within %v of the first SENTINEL FAILOVER (%s): %s",
+				f.Old, failoverSwitchTimeout, issued(f.Issued, addrs, target, lastErr), describeViews(views))
+		}
+		if !stuck(views, f.Old) {
+			idle = time.Time{}
+		} else if idle.IsZero() {
+			idle = now
+		}
+		// The first SENTINEL FAILOVER goes at once; another only once the
+		// group has stayed stuck for failoverRetryAfter.
+		if !idle.IsZero() && (target < 0 || now.Sub(idle) >= failoverRetryAfter) {
+			if next := nextTarget(views, target); next >= 0 {
+				if target >= 0 {
+					t.Logf("redistest: after %v no sentinel runs a failover and every one that answers names the old master %s (%s; SENTINEL FAILOVER %s): SENTINEL FAILOVER again, to %s",
+						now.Sub(start).Round(time.Millisecond), f.Old, describeViews(views), issued(f.Issued, addrs, target, lastErr), addrs[next])
 				}
-				m := net.JoinHostPort(a[0], a[1])
-				if m == f.Old || (f.New != "" && m != f.New) {
-					return fmt.Errorf("sentinel %s names %s", s, m)
+				target, lastErr = next, failover(addrs[next], name)
+				if lastErr == nil {
+					f.Issued++
 				}
-				f.New = m
-				return nil
-			})
-			if err != nil {
-				return err
+				idle = time.Time{} // whatever the reply (OK, NOGOODSLAVE, INPROG), look again first
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("redistest: the sentinels did not switch masters after SENTINEL FAILOVER: %v", err)
+		time.Sleep(50 * time.Millisecond)
 	}
 	f.Switched = time.Since(start)
 	if m := WaitSentinelStable(t, 30*time.Second); m != f.New {
 		t.Fatalf("redistest: after the failover to %s the sentinels name %s", f.New, m)
 	}
 	f.Settled = time.Since(start)
-	t.Logf("redistest: sentinel failover %s -> %s: switched in %v, old master a synced replica after %v",
-		f.Old, f.New, f.Switched.Round(time.Millisecond), f.Settled.Round(time.Millisecond))
+	t.Logf("redistest: sentinel failover %s -> %s: switched in %v (SENTINEL FAILOVER accepted %d time(s)), old master a synced replica after %v",
+		f.Old, f.New, f.Switched.Round(time.Millisecond), f.Issued, f.Settled.Round(time.Millisecond))
 	return f
+}
+
+// sentinelView is what one sentinel says of the group's master.
+type sentinelView struct {
+	addr   string
+	master string // GET-MASTER-ADDR-BY-NAME
+	flags  string // SENTINEL MASTER: failover_in_progress while it runs one
+	tilt   bool   // INFO sentinel: in TILT mode, acting on nothing
+	err    error  // it did not answer
+}
+
+func (v sentinelView) String() string {
+	if v.err != nil {
+		return v.err.Error()
+	}
+	s := "names " + v.master + ", flags " + v.flags
+	if v.tilt {
+		s += ", in TILT mode"
+	}
+	return s
+}
+
+// failingOver tells whether the sentinel runs a failover that may still
+// switch masters: one in progress, outside TILT mode.
+func (v sentinelView) failingOver() bool {
+	return v.err == nil && !v.tilt && slices.Contains(strings.Split(v.flags, ","), "failover_in_progress")
+}
+
+// sentinelViews asks every sentinel what it says of the master name.
+func sentinelViews(addrs []string, name string) []sentinelView {
+	views := make([]sentinelView, len(addrs))
+	for i, s := range addrs {
+		v := &views[i]
+		v.addr = s
+		err := withClient(context.Background(), s, func(ctx context.Context, c *redis.Client) error {
+			sc := redis.NewSentinelClient(c.Options())
+			defer sc.Close()
+			a, err := sc.GetMasterAddrByName(ctx, name).Result()
+			if err != nil || len(a) != 2 {
+				return fmt.Errorf("get-master-addr-by-name: %v %v", a, err)
+			}
+			v.master = net.JoinHostPort(a[0], a[1])
+			m, err := sc.Master(ctx, name).Result()
+			if err != nil {
+				return fmt.Errorf("sentinel master: %v", err)
+			}
+			v.flags = m["flags"]
+			info := redis.NewStringCmd(ctx, "info", "sentinel")
+			if err := sc.Process(ctx, info); err != nil {
+				return fmt.Errorf("info sentinel: %v", err)
+			}
+			v.tilt = infoFields(info.Val())["sentinel_tilt"] == "1"
+			return nil
+		})
+		if err != nil {
+			v.err = fmt.Errorf("does not answer: %v", err)
+		}
+	}
+	return views
+}
+
+// switched returns the master that every sentinel names, when they all
+// answer and name the same one, other than old.
+func switched(views []sentinelView, old string) (string, bool) {
+	m := ""
+	for _, v := range views {
+		if v.err != nil || v.master == old || (m != "" && v.master != m) {
+			return "", false
+		}
+		m = v.master
+	}
+	return m, m != ""
+}
+
+// stuck tells whether nothing will switch the sentinels from old without a
+// new SENTINEL FAILOVER: a majority answers, all of those name old, and
+// none runs a failover outside TILT mode.
+func stuck(views []sentinelView, old string) bool {
+	answered := 0
+	for _, v := range views {
+		if v.err != nil {
+			continue
+		}
+		if v.master != old || v.failingOver() {
+			return false
+		}
+		answered++
+	}
+	return answered > len(views)/2
+}
+
+// nextTarget returns the index of the sentinel to send SENTINEL FAILOVER
+// to: the first one after last that answers and is outside TILT mode, or
+// -1 when none is.
+func nextTarget(views []sentinelView, last int) int {
+	for i := 1; i <= len(views); i++ {
+		j := (last + i) % len(views) // last is -1 before the first
+		if views[j].err == nil && !views[j].tilt {
+			return j
+		}
+	}
+	return -1
+}
+
+// failover sends SENTINEL FAILOVER name to the sentinel at addr.
+func failover(addr, name string) error {
+	return withClient(context.Background(), addr, func(ctx context.Context, c *redis.Client) error {
+		sc := redis.NewSentinelClient(c.Options())
+		defer sc.Close()
+		return sc.Failover(ctx, name).Err()
+	})
+}
+
+// issued describes the SENTINEL FAILOVER commands sent, for a failure
+// message.
+func issued(n int, addrs []string, last int, lastErr error) string {
+	switch {
+	case last < 0:
+		return "none sent: no sentinel outside TILT mode answered"
+	case lastErr != nil:
+		return fmt.Sprintf("accepted %d time(s); the last, to %s, answered %v", n, addrs[last], lastErr)
+	default:
+		return fmt.Sprintf("accepted %d time(s), the last by %s", n, addrs[last])
+	}
+}
+
+// describeViews joins what the sentinels say, for a message.
+func describeViews(views []sentinelView) string {
+	s := make([]string, len(views))
+	for i, v := range views {
+		s[i] = "sentinel " + v.addr + " " + v.String()
+	}
+	return strings.Join(s, "; ")
+}
+
+// sentinelLogTail returns the last n lines of the log of the sentinel at
+// addr, or "" when $HYBRIDLIMIT_REDIS_DIR does not hold it.
+func sentinelLogTail(addr string, n int) string {
+	dir := os.Getenv(EnvDir)
+	if dir == "" {
+		return ""
+	}
+	s, err := serverAt(dir, addr)
+	if err != nil {
+		return ""
+	}
+	return s.LogTail(n)
 }
