@@ -118,6 +118,18 @@ func hybridSync(tb testing.TB, rules []limit) decider {
 	})
 }
 
+// hybridSyncCluster is hybridSync on the test topology's Redis Cluster.
+func hybridSyncCluster(tb testing.TB, rules []limit) decider {
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(tb), ContextTimeoutEnabled: true})
+	tb.Cleanup(func() { _ = c.Close() })
+	return newHybrid(tb, hybridlimit.Config{
+		Rules:  hybridRules(rules),
+		Mode:   hybridlimit.ModeSynchronous,
+		Store:  storetest.Redis(tb, c),
+		Prefix: redistest.Prefix(tb),
+	})
+}
+
 // hybridClient returns a client of the test server configured as the
 // README configures hybridlimit's: go-redis ends a call at its context's
 // deadline itself (ContextTimeoutEnabled), so that the store need not run

@@ -101,7 +101,29 @@ func BenchmarkDistributed(b *testing.B) {
 	}
 }
 
+// BenchmarkSynchronousCluster is BenchmarkDistributed's synchronous mode
+// on the test topology's Redis Cluster (3 masters, each with a replica),
+// its server CPU summed over the masters: a round trip's decisions fall in
+// as many hash slots as keys.
+func BenchmarkSynchronousCluster(b *testing.B) {
+	im := impl{name: "hybridlimit-sync-cluster", multi: true, new: hybridSyncCluster}
+	for _, g := range []int{1, 64, 256} {
+		b.Run(fmt.Sprintf("impl=%s/keys=1k/rules=1/goroutines=%d", im.name, g), func(b *testing.B) {
+			c := syncClusterClient(b)
+			benchDistributedOn(b, im, g, func() *cpuMeter {
+				return startCPUOf(func() time.Duration { return clusterCPU(b, c) })
+			})
+		})
+	}
+}
+
 func benchDistributed(b *testing.B, im impl, goroutines int) {
+	benchDistributedOn(b, im, goroutines, func() *cpuMeter { return startCPU(b) })
+}
+
+// benchDistributedOn is benchDistributed with the servers' CPU measured by
+// the meter start starts.
+func benchDistributedOn(b *testing.B, im impl, goroutines int, start func() *cpuMeter) {
 	d := im.new(b, oneRule)
 	defer d.close()
 	const nkeys = 1000
@@ -118,7 +140,7 @@ func benchDistributed(b *testing.B, im impl, goroutines int) {
 	}
 	var next, denied atomic.Int64
 	var wg sync.WaitGroup
-	cpu := startCPU(b)
+	cpu := start()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for g := range goroutines {
@@ -239,19 +261,28 @@ func benchTakeScript(b *testing.B, inflight int) {
 // op varies between runs; the CPU time each side spends per decision
 // varies much less.
 type cpuMeter struct {
-	rdb            *redis.Client
+	serverCPU      func() time.Duration // the servers' CPU time so far
 	client, server time.Duration
 }
 
+// startCPU starts a cpuMeter of this process and the test's standalone
+// server.
 func startCPU(b *testing.B) *cpuMeter {
-	m := &cpuMeter{rdb: redistest.Client(b)}
-	m.client, m.server = processCPU(), serverCPU(b, m.rdb)
+	rdb := redistest.Client(b)
+	return startCPUOf(func() time.Duration { return serverCPU(b, rdb) })
+}
+
+// startCPUOf starts a cpuMeter of this process and the servers whose CPU
+// time server returns.
+func startCPUOf(server func() time.Duration) *cpuMeter {
+	m := &cpuMeter{serverCPU: server}
+	m.client, m.server = processCPU(), server()
 	return m
 }
 
 // report adds the metrics client-cpu-ns/op and server-cpu-ns/op.
 func (m *cpuMeter) report(b *testing.B) {
-	client, server := processCPU()-m.client, serverCPU(b, m.rdb)-m.server
+	client, server := processCPU()-m.client, m.serverCPU()-m.server
 	b.ReportMetric(float64(client.Nanoseconds())/float64(b.N), "client-cpu-ns/op")
 	b.ReportMetric(float64(server.Nanoseconds())/float64(b.N), "server-cpu-ns/op")
 }
@@ -1062,7 +1093,7 @@ func runSyncShape(b *testing.B, nkeys int, run func(context.Context)) {
 // reportPerKey adds the metrics client-cpu-ns/key and server-cpu-ns/key
 // over b.N cycles of nkeys keys.
 func (m *cpuMeter) reportPerKey(b *testing.B, nkeys int) {
-	client, server := processCPU()-m.client, serverCPU(b, m.rdb)-m.server
+	client, server := processCPU()-m.client, m.serverCPU()-m.server
 	n := float64(b.N * nkeys)
 	b.ReportMetric(float64(client.Nanoseconds())/n, "client-cpu-ns/key")
 	b.ReportMetric(float64(server.Nanoseconds())/n, "server-cpu-ns/key")

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -27,6 +28,16 @@ func TestMemoryContract(t *testing.T) {
 
 func TestRedisContract(t *testing.T) {
 	c := redistest.Client(t)
+	runContract(t, func(t *testing.T) (store.Store, string) {
+		return storetest.Redis(t, c), redistest.Prefix(t)
+	})
+}
+
+// On a Redis Cluster a push script call carries the batches of many hash
+// slots of one master, and a Take makes a call per slot.
+func TestRedisClusterContract(t *testing.T) {
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)})
+	t.Cleanup(func() { _ = c.Close() })
 	runContract(t, func(t *testing.T) (store.Store, string) {
 		return storetest.Redis(t, c), redistest.Prefix(t)
 	})

@@ -182,18 +182,8 @@ func TestRedisClusterPushOrderDuringMigration(t *testing.T) {
 	push(t, s, batch(s, pfx, "n", old, 1, op(w, id, 1))) // the marker and old's counter, on the source
 
 	ctx := context.Background()
-	src, dst := redistest.ClientAt(t, shards[0].Master), redistest.ClientAt(t, shards[1].Master)
-	srcID, err := src.Do(ctx, "cluster", "myid").Text()
-	require.NoError(t, err)
-	dstID, err := dst.Do(ctx, "cluster", "myid").Text()
-	require.NoError(t, err)
-	stable := func() {
-		_ = src.Do(ctx, "cluster", "setslot", g, "stable").Err()
-		_ = dst.Do(ctx, "cluster", "setslot", g, "stable").Err()
-	}
-	t.Cleanup(stable)
-	require.NoError(t, dst.Do(ctx, "cluster", "setslot", g, "importing", srcID).Err())
-	require.NoError(t, src.Do(ctx, "cluster", "setslot", g, "migrating", dstID).Err())
+	src := redistest.ClientAt(t, shards[0].Master)
+	stable := migrating(t, shards[0], shards[1], g)
 	p.DropReplies()
 	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	bs := []*store.Batch{batch(s, pfx, "n", fresh, 2, op(w, id, 5)), batch(s, pfx, "n", old, 3, op(w, id, 1))}
@@ -262,20 +252,7 @@ func TestRedisClusterPushCallSpansSlots(t *testing.T) {
 	pfx := redistest.Prefix(t)
 	const w = 60_000
 	id := future / w
-	// Three keys of shards[0] in three slots of one lane (RedisOptions.Lanes
-	// is 4): one pipeline.
-	var keys []string
-	lane := -1
-	for i := 0; len(keys) < 3; i++ {
-		k := keyOn(shards[0], "s"+strconv.Itoa(i)+"-")
-		g := store.Slot(k)
-		if lane == -1 {
-			lane = g % 4
-		}
-		if g%4 == lane && (len(keys) == 0 || g != store.Slot(keys[len(keys)-1])) && (len(keys) < 2 || g != store.Slot(keys[0])) {
-			keys = append(keys, k)
-		}
-	}
+	keys := laneKeys(shards[0], 3)
 	count := func(k string) int64 {
 		t.Helper()
 		v, err := c.Get(context.Background(), store.CounterKey(pfx, store.Counter{Key: k, Window: w, ID: id})).Int64()
@@ -300,18 +277,7 @@ func TestRedisClusterPushCallSpansSlots(t *testing.T) {
 			fresh = k
 		}
 	}
-	src, dst := redistest.ClientAt(t, shards[0].Master), redistest.ClientAt(t, shards[1].Master)
-	srcID, err := src.Do(ctx, "cluster", "myid").Text()
-	require.NoError(t, err)
-	dstID, err := dst.Do(ctx, "cluster", "myid").Text()
-	require.NoError(t, err)
-	stable := func() {
-		_ = src.Do(ctx, "cluster", "setslot", g, "stable").Err()
-		_ = dst.Do(ctx, "cluster", "setslot", g, "stable").Err()
-	}
-	t.Cleanup(stable)
-	require.NoError(t, dst.Do(ctx, "cluster", "setslot", g, "importing", srcID).Err())
-	require.NoError(t, src.Do(ctx, "cluster", "setslot", g, "migrating", dstID).Err())
+	stable := migrating(t, shards[0], shards[1], g)
 	bs := []*store.Batch{batch(s, pfx, "n", keys[0], 2, op(w, id, 10)), batch(s, pfx, "n", fresh, 2, op(w, id, 5)), batch(s, pfx, "n", keys[2], 2, op(w, id, 30))}
 	require.NoError(t, s.Push(ctx, bs))
 	require.Equal(t, int64(2), evals.n.Load(), "one call again")
@@ -327,4 +293,45 @@ func TestRedisClusterPushCallSpansSlots(t *testing.T) {
 	for k, want := range map[string]int64{keys[0]: 11, keys[1]: 2, fresh: 5, keys[2]: 33} {
 		assert.Equal(t, want, count(k), "key %q: every batch applied once", k)
 	}
+}
+
+// laneKeys returns n user keys of shard in n hash slots of one lane
+// (RedisOptions.Lanes is 4): a Push or Take sends them in one pipeline.
+func laneKeys(shard redistest.ClusterShard, n int) []string {
+	var keys []string
+	seen := map[int]bool{}
+	lane := -1
+	for i := 0; len(keys) < n; i++ {
+		k := keyOn(shard, "s"+strconv.Itoa(i)+"-")
+		g := store.Slot(k)
+		if lane == -1 {
+			lane = g % 4
+		}
+		if g%4 == lane && !seen[g] {
+			seen[g] = true
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// migrating sets hash slot g migrating from src's master to dst's, and
+// returns the function that calls the migration off (also at the test's
+// end).
+func migrating(t *testing.T, src, dst redistest.ClusterShard, g int) (stable func()) {
+	t.Helper()
+	ctx := context.Background()
+	sc, dc := redistest.ClientAt(t, src.Master), redistest.ClientAt(t, dst.Master)
+	srcID, err := sc.Do(ctx, "cluster", "myid").Text()
+	require.NoError(t, err)
+	dstID, err := dc.Do(ctx, "cluster", "myid").Text()
+	require.NoError(t, err)
+	stable = func() {
+		_ = sc.Do(ctx, "cluster", "setslot", g, "stable").Err()
+		_ = dc.Do(ctx, "cluster", "setslot", g, "stable").Err()
+	}
+	t.Cleanup(stable)
+	require.NoError(t, dc.Do(ctx, "cluster", "setslot", g, "importing", srcID).Err())
+	require.NoError(t, sc.Do(ctx, "cluster", "setslot", g, "migrating", dstID).Err())
+	return stable
 }
