@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"strconv"
 	"sync"
+	"unsafe"
 )
 
 // Key layout. Every key a store writes begins with the limiter's prefix:
@@ -95,7 +96,7 @@ func markerKey(prefix string, kind byte, slot int, node string) string {
 	b = append(b, slotTag(slot)...)
 	b = append(b, '}', ':')
 	b = append(b, node...)
-	return string(b)
+	return unsafe.String(unsafe.SliceData(b), len(b)) // b is never written again
 }
 
 // Slots is the number of Redis Cluster hash slots.
