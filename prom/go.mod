@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125064149-ca514e46f6de
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125074646-b0ab0023e787
 	github.com/stretchr/testify v1.12.1
 )
 
