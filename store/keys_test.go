@@ -229,6 +229,40 @@ func TestPushOrder(t *testing.T) {
 	}
 }
 
+// TestPushCallArgs: a call's ARGV is the TTL, then each batch's arguments,
+// keys for all but the first, in a slice of its exact length; its keys are
+// the first batch's.
+func TestPushCallArgs(t *testing.T) {
+	count := func(d int64) Op { return Op{Counter: Counter{Key: "c", Window: 1000}, Delta: d} }
+	rate := func(d, r int64) Op { return Op{Counter: Counter{Key: "r", Rate: r, Burst: 1}, Delta: d} }
+	batches := []*Batch{
+		{Prefix: "p", Node: "n", Group: 3, Seq: 9, Ops: []Op{count(1), rate(2, 70)}},
+		{Prefix: "p", Node: "n", Group: 5, Seq: 4, Ops: []Op{rate(3, 80), count(4), count(5)}},
+		{Prefix: "p", Node: "n", Group: 6, Seq: 2},
+	}
+	items := []int{0, 1, 2}
+	orders, counts := make([][]int, 3), make([]int, 3)
+	for _, i := range items {
+		orders[i], counts[i] = pushOrder(batches[i])
+	}
+	keys, argv := (&Redis{}).pushCall(batches, items, orders, counts, []uint64{0, 0, 1}, 60_000)
+	require.Equal(t, pushKeys(markerKey("p", 'm', 3, "n"), batches[0], orders[0]), keys)
+	require.Equal(t, len(argv), cap(argv))
+	want := append([]any{int64(60_000)}, appendPushArgs(nil, batches[0], orders[0], counts[0], 0, nil)...)
+	k1 := pushKeys(markerKey("p", 'm', 5, "n"), batches[1], orders[1])
+	want = appendPushArgs(want, batches[1], orders[1], counts[1], 0, k1)
+	k2 := pushKeys(markerKey("p", 'm', 6, "n"), batches[2], orders[2])
+	want = appendPushArgs(want, batches[2], orders[2], counts[2], 1, k2)
+	require.Len(t, argv, len(want))
+	for j := range want {
+		if p, ok := want[j].(*string); ok {
+			require.Equal(t, *p, *argv[j].(*string), "argument %d", j)
+		} else {
+			require.Equal(t, want[j], argv[j], "argument %d", j)
+		}
+	}
+}
+
 // TestPushCallsOf: small batches share a call up to maxCallOps ops; a
 // batch with more goes alone.
 func TestPushCallsOf(t *testing.T) {

@@ -82,26 +82,10 @@ func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, add
 		each[c] = c
 	}
 	cmds := s.exec(ctx, pushScript, true, each, func(c int) ([]string, []any) {
-		n := 1 // ARGV's length
-		for x, i := range calls[c] {
-			b := batches[i]
-			orders[i], counts[i] = pushOrder(b)
-			n += 5 + 2*len(b.Ops) - counts[i] // header, deltas, rates
-			if x > 0 {
-				n += 1 + len(b.Ops) // keys
-			}
-		}
-		var keys []string
-		argv := append(make([]any, 0, n), ttl)
 		for _, i := range calls[c] {
-			b := batches[i]
-			bk := pushKeys(markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node), b, orders[i])
-			if keys == nil {
-				keys, bk = bk, nil // the first batch's keys are the call's
-			}
-			argv = appendPushArgs(argv, b, orders[i], counts[i], prev[i], bk)
+			orders[i], counts[i] = pushOrder(batches[i])
 		}
-		return keys, argv
+		return s.pushCall(batches, calls[c], orders, counts, prev, ttl)
 	})
 	outcome := make(map[string]error, 1)
 	moved := false
@@ -140,6 +124,32 @@ func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, add
 		s.cluster.ReloadState(ctx)
 	}
 	s.reportAll(ctx, outcome, sent)
+}
+
+// pushCall returns the keys and ARGV of the push script call of
+// batches[i] for every i in items, b's ops in orders[i] (see pushOrder),
+// counts[i] of them counts, prev[i] the seq of the batch of its group
+// before it in the pipeline.
+func (s *Redis) pushCall(batches []*Batch, items []int, orders [][]int, counts []int, prev []uint64, ttl int64) ([]string, []any) {
+	n := 1 // ARGV's length
+	for x, i := range items {
+		ops := len(batches[i].Ops)
+		n += 5 + 2*ops - counts[i] // header, deltas, rates
+		if x > 0 {
+			n += 1 + ops // keys
+		}
+	}
+	var keys []string
+	argv := append(make([]any, 0, n), ttl)
+	for _, i := range items {
+		b := batches[i]
+		bk := pushKeys(markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node), b, orders[i])
+		if keys == nil {
+			keys, bk = bk, nil // the first batch's keys are the call's
+		}
+		argv = appendPushArgs(argv, b, orders[i], counts[i], prev[i], bk)
+	}
+	return keys, argv
 }
 
 // maxCallOps bounds the ops of the batches that share a push script call
