@@ -158,13 +158,7 @@ func TestFaultClusterSlotMigration(t *testing.T) {
 func migrateSlot(t *testing.T, shards []redistest.ClusterShard, slot int, from, to redistest.ClusterShard) {
 	t.Helper()
 	ctx := context.Background()
-	src, dst := redistest.ClientAt(t, from.Master), redistest.ClientAt(t, to.Master)
-	srcID, err := src.Do(ctx, "cluster", "myid").Text()
-	require.NoError(t, err)
-	dstID, err := dst.Do(ctx, "cluster", "myid").Text()
-	require.NoError(t, err)
-	require.NoError(t, dst.Do(ctx, "cluster", "setslot", slot, "importing", srcID).Err())
-	require.NoError(t, src.Do(ctx, "cluster", "setslot", slot, "migrating", dstID).Err())
+	src, _, dstID, _ := redistest.MigratingSlot(t, slot, from, to)
 	host, port, err := net.SplitHostPort(to.Master)
 	require.NoError(t, err)
 	for {

@@ -182,8 +182,7 @@ func TestRedisClusterPushOrderDuringMigration(t *testing.T) {
 	push(t, s, batch(s, pfx, "n", old, 1, op(w, id, 1))) // the marker and old's counter, on the source
 
 	ctx := context.Background()
-	src := redistest.ClientAt(t, shards[0].Master)
-	stable := migrating(t, shards[0], shards[1], g)
+	src, _, _, stable := redistest.MigratingSlot(t, g, shards[0], shards[1])
 	p.DropReplies()
 	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	bs := []*store.Batch{batch(s, pfx, "n", fresh, 2, op(w, id, 5)), batch(s, pfx, "n", old, 3, op(w, id, 1))}
@@ -277,7 +276,7 @@ func TestRedisClusterPushCallSpansSlots(t *testing.T) {
 			fresh = k
 		}
 	}
-	stable := migrating(t, shards[0], shards[1], g)
+	_, _, _, stable := redistest.MigratingSlot(t, g, shards[0], shards[1])
 	bs := []*store.Batch{batch(s, pfx, "n", keys[0], 2, op(w, id, 10)), batch(s, pfx, "n", fresh, 2, op(w, id, 5)), batch(s, pfx, "n", keys[2], 2, op(w, id, 30))}
 	require.NoError(t, s.Push(ctx, bs))
 	require.Equal(t, int64(2), evals.n.Load(), "one call again")
@@ -313,25 +312,4 @@ func laneKeys(shard redistest.ClusterShard, n int) []string {
 		}
 	}
 	return keys
-}
-
-// migrating sets hash slot g migrating from src's master to dst's, and
-// returns the function that calls the migration off (also at the test's
-// end).
-func migrating(t *testing.T, src, dst redistest.ClusterShard, g int) (stable func()) {
-	t.Helper()
-	ctx := context.Background()
-	sc, dc := redistest.ClientAt(t, src.Master), redistest.ClientAt(t, dst.Master)
-	srcID, err := sc.Do(ctx, "cluster", "myid").Text()
-	require.NoError(t, err)
-	dstID, err := dc.Do(ctx, "cluster", "myid").Text()
-	require.NoError(t, err)
-	stable = func() {
-		_ = sc.Do(ctx, "cluster", "setslot", g, "stable").Err()
-		_ = dc.Do(ctx, "cluster", "setslot", g, "stable").Err()
-	}
-	t.Cleanup(stable)
-	require.NoError(t, dc.Do(ctx, "cluster", "setslot", g, "importing", srcID).Err())
-	require.NoError(t, sc.Do(ctx, "cluster", "setslot", g, "migrating", dstID).Err())
-	return stable
 }

@@ -129,6 +129,36 @@ func KeySlot(key string) int {
 	return int(crc) % 16384
 }
 
+// MigratingSlot begins moving hash slot from src's master to dst's as
+// redis-cli --cluster reshard does (CLUSTER SETSLOT IMPORTING on dst, then
+// MIGRATING on src), and returns clients of both masters, dst's id, and the
+// function that calls the move off (SETSLOT STABLE on both), which also
+// runs when the test ends.
+func MigratingSlot(t testing.TB, slot int, src, dst ClusterShard) (sc, dc *redis.Client, dstID string, stable func()) {
+	t.Helper()
+	ctx := context.Background()
+	sc, dc = ClientAt(t, src.Master), ClientAt(t, dst.Master)
+	srcID, err := sc.Do(ctx, "cluster", "myid").Text()
+	if err != nil {
+		t.Fatalf("redistest: CLUSTER MYID of %s: %v", src.Master, err)
+	}
+	if dstID, err = dc.Do(ctx, "cluster", "myid").Text(); err != nil {
+		t.Fatalf("redistest: CLUSTER MYID of %s: %v", dst.Master, err)
+	}
+	stable = func() {
+		_ = sc.Do(ctx, "cluster", "setslot", slot, "stable").Err()
+		_ = dc.Do(ctx, "cluster", "setslot", slot, "stable").Err()
+	}
+	t.Cleanup(stable)
+	if err := dc.Do(ctx, "cluster", "setslot", slot, "importing", srcID).Err(); err != nil {
+		t.Fatalf("redistest: CLUSTER SETSLOT %d IMPORTING on %s: %v", slot, dst.Master, err)
+	}
+	if err := sc.Do(ctx, "cluster", "setslot", slot, "migrating", dstID).Err(); err != nil {
+		t.Fatalf("redistest: CLUSTER SETSLOT %d MIGRATING on %s: %v", slot, src.Master, err)
+	}
+	return sc, dc, dstID, stable
+}
+
 // WaitClusterOK waits until every cluster node that answers reports
 // cluster_state:ok with all 16384 slots served, they all agree on which
 // master serves which slot, and every such master answers. Nodes that do

@@ -99,14 +99,12 @@ func sentinelHealth(sentinels []string, name string) (string, error) {
 	master := ""
 	var replicas []string
 	for _, s := range sentinels {
-		err := withClient(context.Background(), s, func(ctx context.Context, c *redis.Client) error {
-			sc := redis.NewSentinelClient(c.Options())
-			defer sc.Close()
-			a, err := sc.GetMasterAddrByName(ctx, name).Result()
-			if err != nil || len(a) != 2 {
-				return fmt.Errorf("get-master-addr-by-name: %v %v", a, err)
+		err := withSentinel(s, func(ctx context.Context, sc *redis.SentinelClient) error {
+			m, err := masterAddr(ctx, sc, name)
+			if err != nil {
+				return err
 			}
-			if m := net.JoinHostPort(a[0], a[1]); master == "" {
+			if master == "" {
 				master = m
 			} else if m != master {
 				return fmt.Errorf("names master %s, another sentinel %s", m, master)
@@ -301,14 +299,10 @@ func sentinelViews(addrs []string, name string) []sentinelView {
 	for i, s := range addrs {
 		v := &views[i]
 		v.addr = s
-		err := withClient(context.Background(), s, func(ctx context.Context, c *redis.Client) error {
-			sc := redis.NewSentinelClient(c.Options())
-			defer sc.Close()
-			a, err := sc.GetMasterAddrByName(ctx, name).Result()
-			if err != nil || len(a) != 2 {
-				return fmt.Errorf("get-master-addr-by-name: %v %v", a, err)
+		err := withSentinel(s, func(ctx context.Context, sc *redis.SentinelClient) (err error) {
+			if v.master, err = masterAddr(ctx, sc, name); err != nil {
+				return err
 			}
-			v.master = net.JoinHostPort(a[0], a[1])
 			m, err := sc.Master(ctx, name).Result()
 			if err != nil {
 				return fmt.Errorf("sentinel master: %v", err)
@@ -373,11 +367,28 @@ func nextTarget(views []sentinelView, last int) int {
 
 // failover sends SENTINEL FAILOVER name to the sentinel at addr.
 func failover(addr, name string) error {
+	return withSentinel(addr, func(ctx context.Context, sc *redis.SentinelClient) error {
+		return sc.Failover(ctx, name).Err()
+	})
+}
+
+// withSentinel runs f with a client of the sentinel at addr (see
+// withClient).
+func withSentinel(addr string, f func(context.Context, *redis.SentinelClient) error) error {
 	return withClient(context.Background(), addr, func(ctx context.Context, c *redis.Client) error {
 		sc := redis.NewSentinelClient(c.Options())
 		defer sc.Close()
-		return sc.Failover(ctx, name).Err()
+		return f(ctx, sc)
 	})
+}
+
+// masterAddr returns the address of the master the sentinel names name.
+func masterAddr(ctx context.Context, sc *redis.SentinelClient, name string) (string, error) {
+	a, err := sc.GetMasterAddrByName(ctx, name).Result()
+	if err != nil || len(a) != 2 {
+		return "", fmt.Errorf("get-master-addr-by-name: %v %v", a, err)
+	}
+	return net.JoinHostPort(a[0], a[1]), nil
 }
 
 // issued describes the SENTINEL FAILOVER commands sent, for a failure
