@@ -40,9 +40,24 @@ func TestFaultStandaloneStopMidBurst(t *testing.T) {
 	from := p.hangMidBurst(t, nodes, addr, hang)
 	got := p.windows("k")
 	t.Logf("admitted per window from %d (the hang in windows %d to %d, limit %d): %v", p.first, from, from+hang, limit, got)
+	assertWindows(t, got, from, hang, limit*11/10, limit*8/10, "")
+}
+
+// assertWindows checks that every window of got from from to the one after
+// a hang of hang windows admitted at most over and at least under. The
+// bounds are timings: under the race detector (ten to fifty times slower,
+// beside the other packages' tests) the nodes' goroutines starve and the
+// windows say more of the machine than of the limiter, so there they are
+// only logged, and scripts/test.sh checks them in its run without it.
+func assertWindows(t *testing.T, got []int64, from, hang, over, under int64, what string) {
+	t.Helper()
+	if hybridlimit.RaceOn {
+		t.Logf("%sthe per-window bounds [%d, %d] are checked without -race", what, under, over)
+		return
+	}
 	for s := from; s <= from+hang+1; s++ {
-		assert.LessOrEqual(t, got[s], int64(limit*11/10), "window %d of the hang: over the limit", s-from)
-		assert.GreaterOrEqual(t, got[s], int64(limit*8/10), "window %d of the hang: well under the limit", s-from)
+		assert.LessOrEqual(t, got[s], over, "%swindow %d of the hang: over the limit", what, s-from)
+		assert.GreaterOrEqual(t, got[s], under, "%swindow %d of the hang: well under the limit", what, s-from)
 	}
 }
 
@@ -108,10 +123,7 @@ func TestFaultSentinelStopMidBurst(t *testing.T) {
 	}, 10*time.Second, 100*time.Millisecond, "no failover of %s", master)
 	got := p.windows("k")
 	t.Logf("admitted per window from %d (the hang in windows %d to %d, limit %d): %v", p.first, from, from+hang, limit, got)
-	for s := from; s <= from+hang+1; s++ {
-		assert.LessOrEqual(t, got[s], int64(limit*105/100), "window %d of the hang: over the limit", s-from)
-		assert.GreaterOrEqual(t, got[s], int64(limit*85/100), "window %d of the hang: well under the limit", s-from)
-	}
+	assertWindows(t, got, from, hang, limit*105/100, limit*85/100, "")
 }
 
 // clusterMidBurst runs the mid-burst hang of a Cluster master: the
@@ -161,10 +173,7 @@ func clusterMidBurst(t *testing.T, timeout string, hang int, factor float64) {
 	check := func(k string, over, under int64, what string) {
 		got := p.windows(k)
 		t.Logf("%s key %s, admitted per window from %d (the hang in windows %d to %d, limit %d): %v", what, k, p.first, from, from+int64(hang), limit, got)
-		for s := from; s <= from+int64(hang)+1; s++ {
-			assert.LessOrEqual(t, got[s], over, "%s key %s, window %d of the hang: over the limit", what, k, s-from)
-			assert.GreaterOrEqual(t, got[s], under, "%s key %s, window %d of the hang: well under the limit", what, k, s-from)
-		}
+		assertWindows(t, got, from, int64(hang), over, under, what+" key "+k+", ")
 	}
 	for _, k := range hung {
 		check(k, limit*105/100, limit*85/100, "hung shard's")
