@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125082736-9f146d082dd2
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125084320-80d95ec2e069
 	github.com/stretchr/testify v1.12.1
 )
 
