@@ -45,10 +45,11 @@ func TestFaultStandaloneStopMidBurst(t *testing.T) {
 
 // assertWindows checks that every window of got from from to the one after
 // a hang of hang windows admitted at most over and at least under. The
-// bounds are timings: under the race detector (ten to fifty times slower,
-// beside the other packages' tests) the nodes' goroutines starve and the
-// windows say more of the machine than of the limiter, so there they are
-// only logged, and scripts/test.sh checks them in its run without it.
+// bounds are timings, as is the hang's start (hangMidBurst): under the
+// race detector (ten to fifty times slower, beside the other packages'
+// tests) the nodes' goroutines starve and the windows say more of the
+// machine than of the limiter, so there they are only logged, and
+// scripts/test.sh checks them in its run without it.
 func assertWindows(t *testing.T, got []int64, from, hang, over, under int64, what string) {
 	t.Helper()
 	if hybridlimit.RaceOn {
@@ -267,7 +268,13 @@ func (p *pacedTraffic) hangMidBurst(t *testing.T, nodes []*hybridlimit.Limiter, 
 	p.stop()
 	closeAll(t, nodes, 10*time.Second)
 	assert.Zero(t, p.errs.Load(), "decisions returned errors")
-	assert.Less(t, stopped.Sub(at), 100*time.Millisecond, "the hang started late: %v", stopped.Sub(at))
+	// The hang must start in the window's burst for the bounds to mean
+	// what they say: a timing too, checked where they are (assertWindows).
+	if late := stopped.Sub(at); hybridlimit.RaceOn {
+		t.Logf("the hang started %v after its instant", late)
+	} else {
+		assert.Less(t, late, 100*time.Millisecond, "the hang started late: %v", late)
+	}
 	return stopped.Unix() - p.first
 }
 
