@@ -229,9 +229,9 @@ func TestPushOrder(t *testing.T) {
 	}
 }
 
-// TestPushCallArgs: a call's ARGV is the TTL, then each batch's arguments,
-// keys for all but the first, in a slice of its exact length; its keys are
-// the first batch's.
+// TestPushCallArgs: a call's keys are the first batch's, its ARGV the TTL,
+// then each batch's arguments, keys for all but the first, all after the
+// three free slots in a slice of its exact length.
 func TestPushCallArgs(t *testing.T) {
 	count := func(d int64) Op { return Op{Counter: Counter{Key: "c", Window: 1000}, Delta: d} }
 	rate := func(d, r int64) Op { return Op{Counter: Counter{Key: "r", Rate: r, Burst: 1}, Delta: d} }
@@ -245,9 +245,15 @@ func TestPushCallArgs(t *testing.T) {
 	for _, i := range items {
 		orders[i], counts[i] = pushOrder(batches[i])
 	}
-	keys, argv := (&Redis{}).pushCall(batches, items, orders, counts, []uint64{0, 0, 1}, 60_000)
-	require.Equal(t, pushKeys(markerKey("p", 'm', 3, "n"), batches[0], orders[0]), keys)
-	require.Equal(t, len(argv), cap(argv))
+	args, nkeys := (&Redis{}).pushCall(batches, items, orders, counts, []uint64{0, 0, 1}, 60_000)
+	require.Equal(t, len(args), cap(args))
+	require.Equal(t, []any{nil, nil, nil}, args[:3])
+	keys := pushKeys(markerKey("p", 'm', 3, "n"), batches[0], orders[0])
+	require.Equal(t, len(keys), nkeys)
+	for j, k := range keys {
+		require.Equal(t, k, *args[3+j].(*string), "key %d", j)
+	}
+	argv := args[3+nkeys:]
 	want := append([]any{int64(60_000)}, appendPushArgs(nil, batches[0], orders[0], counts[0], 0, nil)...)
 	k1 := pushKeys(markerKey("p", 'm', 5, "n"), batches[1], orders[1])
 	want = appendPushArgs(want, batches[1], orders[1], counts[1], 0, k1)

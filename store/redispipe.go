@@ -45,34 +45,15 @@ func (s *Redis) lanes(n int, lane func(i int) int, f func(items []int)) {
 	wg.Wait()
 }
 
-// exec runs a pipeline of one script call per item, and returns the
-// commands. With whole, every call carries the script's text (EVAL);
-// otherwise its hash (EVALSHA), and the calls that the server answers
-// NOSCRIPT go again with the text in a second pipeline.
-func (s *Redis) exec(ctx context.Context, script luaScript, whole bool, items []int, args func(i int) ([]string, []any)) []*redis.Cmd {
-	cmds, _ := execScript(s, ctx, false, script, whole, items, func(i int) ([]any, int) {
-		return scriptArgs(args(i))
-	}, redis.NewCmd)
-	return cmds
-}
-
-// scriptArgs returns a script call's arguments with keys and argv, after
-// three free slots for the command's name, its body and the number of
-// keys, and the number of keys. The keys go as pointers into keys, which
-// box without allocating: a call costs the same few allocations whatever
-// its number of keys.
-func scriptArgs(keys []string, argv []any) ([]any, int) {
-	args := make([]any, 3, 3+len(keys)+len(argv))
-	for i := range keys {
-		args = append(args, &keys[i])
-	}
-	return append(args, argv...), len(keys)
-}
-
-// execScript is exec with commands made by newCmd, whose type reads the
-// reply (a *redis.IntSliceCmd reads an array of integers into one []int64
-// without boxing each value), and args(i) giving item i's arguments as
-// scriptArgs does. It returns false when ctx ended before the server
+// execScript runs a pipeline of one script call per item, and returns the
+// commands, made by newCmd, whose type reads the reply (a
+// *redis.IntSliceCmd reads an array of integers into one []int64 without
+// boxing each value). args(i) gives item i's arguments, three free slots
+// for the command's name, its body and the number of keys, then the keys
+// and ARGV, and the number of keys. With whole, every call carries the
+// script's text (EVAL); otherwise its hash (EVALSHA), and the calls that
+// the server answers NOSCRIPT go again with the text in a second
+// pipeline. It returns false when ctx ended before the server
 // answered (Redis.bounded): every command then carries that error, and the
 // arguments args returned belong to the client until it gives up. With
 // inline, a client that ends calls at their deadline runs the pipelines on
@@ -141,7 +122,7 @@ func abandoned[C redis.Cmder](ctx context.Context, cmds []C, err error, newCmd f
 
 // scriptCmd queues on pipe the call of a script (name is "eval" with the
 // script's text as body, or "evalsha" with its hash) with args (as
-// scriptArgs returns them, nkeys keys), as a command made by newCmd. It
+// execScript takes them, nkeys keys), as a command made by newCmd. It
 // sets the three first elements of args.
 func scriptCmd[C redis.Cmder](ctx context.Context, pipe redis.Pipeliner, name, body string, args []any, nkeys int, newCmd func(context.Context, ...any) C) C {
 	args[0], args[1], args[2] = name, body, nkeys

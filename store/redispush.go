@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"fmt"
 	"unsafe"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // The Redis store's Push: one push script call per batch, or per several
@@ -81,12 +83,12 @@ func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, add
 	for c := range each {
 		each[c] = c
 	}
-	cmds := s.exec(ctx, pushScript, true, each, func(c int) ([]string, []any) {
+	cmds, _ := execScript(s, ctx, false, pushScript, true, each, func(c int) ([]any, int) {
 		for _, i := range calls[c] {
 			orders[i], counts[i] = pushOrder(batches[i])
 		}
 		return s.pushCall(batches, calls[c], orders, counts, prev, ttl)
-	})
+	}, redis.NewCmd)
 	outcome := make(map[string]error, 1)
 	moved := false
 	for k, items := range calls {
@@ -126,30 +128,30 @@ func (s *Redis) pushCalls(ctx context.Context, batches []*Batch, send []int, add
 	s.reportAll(ctx, outcome, sent)
 }
 
-// pushCall returns the keys and ARGV of the push script call of
-// batches[i] for every i in items, b's ops in orders[i] (see pushOrder),
-// counts[i] of them counts, prev[i] the seq of the batch of its group
-// before it in the pipeline.
-func (s *Redis) pushCall(batches []*Batch, items []int, orders [][]int, counts []int, prev []uint64, ttl int64) ([]string, []any) {
-	n := 1 // ARGV's length
-	for x, i := range items {
-		ops := len(batches[i].Ops)
-		n += 5 + 2*ops - counts[i] // header, deltas, rates
-		if x > 0 {
-			n += 1 + ops // keys
-		}
-	}
-	var keys []string
-	argv := append(make([]any, 0, n), ttl)
+// pushCall returns the arguments of the push script call of batches[i]
+// for every i in items, b's ops in orders[i] (see pushOrder), counts[i] of
+// them counts, prev[i] the seq of the batch of its group before it in the
+// pipeline, as execScript takes them (in one slice of its exact length),
+// and the number of keys: the first batch's keys are the call's, the
+// others' go in ARGV.
+func (s *Redis) pushCall(batches []*Batch, items []int, orders [][]int, counts []int, prev []uint64, ttl int64) ([]any, int) {
+	n := 3 + 1 // the free slots, the TTL
 	for _, i := range items {
-		b := batches[i]
-		bk := pushKeys(markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node), b, orders[i])
-		if keys == nil {
-			keys, bk = bk, nil // the first batch's keys are the call's
-		}
-		argv = appendPushArgs(argv, b, orders[i], counts[i], prev[i], bk)
+		ops := len(batches[i].Ops)
+		n += 1 + ops + 5 + 2*ops - counts[i] // keys, header, deltas, rates
 	}
-	return keys, argv
+	args := make([]any, 3, n)
+	nkeys := 0
+	for x, i := range items {
+		b := batches[i]
+		keys := pushKeys(markerKey(b.Prefix, 'm', s.slotOf(b.Group), b.Node), b, orders[i])
+		if x == 0 {
+			args = append(appendKeys(args, keys), ttl)
+			nkeys, keys = len(keys), nil
+		}
+		args = appendPushArgs(args, b, orders[i], counts[i], prev[i], keys)
+	}
+	return args, nkeys
 }
 
 // maxCallOps bounds the ops of the batches that share a push script call
@@ -207,10 +209,7 @@ func pushOrder(b *Batch) (order []int, counts int) {
 func appendPushArgs(argv []any, b *Batch, order []int, counts int, prev uint64, keys []string) []any {
 	n := len(b.Ops)
 	h := len(argv)
-	argv = append(argv, n, b.Seq, counts, int64(0), prev)
-	for i := range keys {
-		argv = append(argv, &keys[i]) // boxes without allocating
-	}
+	argv = appendKeys(append(argv, n, b.Seq, counts, int64(0), prev), keys)
 	var maxd int64
 	for k := range n {
 		op := &b.Ops[opAt(order, k)]
@@ -224,6 +223,16 @@ func appendPushArgs(argv []any, b *Batch, order []int, counts int, prev uint64, 
 	}
 	argv[h+3] = maxd
 	return argv
+}
+
+// appendKeys appends to args a pointer to each of keys, which boxes
+// without allocating: a call costs the same few allocations whatever its
+// number of keys.
+func appendKeys(args []any, keys []string) []any {
+	for i := range keys {
+		args = append(args, &keys[i])
+	}
+	return args
 }
 
 // opAt returns the index in the batch of the k-th op sent in order.
@@ -245,19 +254,16 @@ func pushKeys(marker string, b *Batch, order []int) []string {
 		n += len(b.Prefix) + 4 + base64.RawURLEncoding.EncodedLen(len(b.Ops[j].Key)) + counterLen(b.Ops[j].Counter)
 	}
 	buf := make([]byte, 0, n)
-	ends := make([]int, len(b.Ops))
-	for k := range b.Ops {
-		op := &b.Ops[opAt(order, k)]
-		buf = appendCounter(appendKeyBase(buf, b.Prefix, op.Key), op.Counter)
-		ends[k] = len(buf)
-	}
-	// buf is never written again: the string shares its bytes.
-	all := unsafe.String(unsafe.SliceData(buf), len(buf))
 	keys := make([]string, 1+len(b.Ops))
 	keys[0] = marker
-	from := 0
-	for j, end := range ends {
-		keys[1+j], from = all[from:end], end
+	for k := range b.Ops {
+		op := &b.Ops[opAt(order, k)]
+		from := len(buf)
+		buf = appendCounter(appendKeyBase(buf, b.Prefix, op.Key), op.Counter)
+		// The bytes a key took are never written again (an append past
+		// the capacity would copy them, not move them): the string
+		// shares them.
+		keys[1+k] = unsafe.String(&buf[from], len(buf)-from)
 	}
 	return keys
 }

@@ -279,7 +279,7 @@ func grow[T any](x []T, n int) []T {
 }
 
 // args returns the take script's arguments for reqs, which share their
-// rules, as scriptArgs does: three free slots, then the keys and the
+// rules, as execScript takes them: three free slots, then the keys and the
 // numbers, and the number of keys. The keys are slices of one string and
 // the numbers pointers into one array, all in a's arrays, which the
 // caller must not release before the call's reply is read.
