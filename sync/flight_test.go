@@ -2,6 +2,7 @@ package syncloop_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -188,4 +189,64 @@ func TestALargeCycleWaitsForEveryServer(t *testing.T) {
 	assert.Equal(t, int64(2), total("a"), "the slower server's call landed in the cycle")
 	assert.Equal(t, int64(2), total("b"))
 	assert.Equal(t, int64(0), table.Stats().Unsynced)
+}
+
+// A store with many groups (a Redis Cluster's 16,384 hash slots) gets its
+// keys in chunks of 65,536 entries once a chunk of 4096 fell in more than
+// 1024 groups, so that a batch holds several keys; a store with few groups
+// (one server's lanes) in chunks of 4096.
+func TestManyGroupsWidenChunks(t *testing.T) {
+	keys := make([]string, 66_000)
+	for i := range keys {
+		keys[i] = fmt.Sprint("k", i)
+	}
+	for _, tc := range []struct {
+		name  string
+		slots bool
+		calls int64
+	}{
+		{"16384 groups", true, 2}, // 4096, then 61,904
+		{"16 groups", false, 17},  // 4096 at a time
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.New()
+			mem := store.NewMemory(clk)
+			st := &countedStore{Memory: mem, slots: tc.slots}
+			table := local.NewTable(local.Options{Rules: []local.Rule{local.NewRule(local.Spec{Kind: local.Fixed, Limit: 10, Window: time.Hour})}, MaxKeys: 1 << 17, Syncing: true})
+			loop := syncloop.New(syncloop.Config{
+				Tables: []*local.Table{table}, Store: st, Prefix: "hl", Node: "n1",
+				Now:   func() int64 { return time.Now().UnixNano() },
+				Clock: clk, Rate: time.Second, Timeout: 10 * time.Second,
+			})
+			for _, k := range keys {
+				table.Allow(k, 1, time.Now().UnixNano())
+			}
+			require.NoError(t, loop.CycleAll(context.Background()))
+			assert.Equal(t, tc.calls, st.pushes.Load(), "Push calls for %d keys", len(keys))
+			id := time.Now().UnixMilli() / 3_600_000
+			for _, k := range []string{keys[0], keys[40_000], keys[len(keys)-1]} {
+				assert.Equal(t, int64(1), mem.Get("hl", store.Counter{Key: k, Window: 3_600_000, ID: id}), "key %q", k)
+			}
+		})
+	}
+}
+
+// countedStore is a memory store that counts its Push calls, and groups
+// keys by hash slot when slots is set.
+type countedStore struct {
+	*store.Memory
+	slots  bool
+	pushes atomic.Int64
+}
+
+func (c *countedStore) Group(key string) int {
+	if c.slots {
+		return store.Slot(key)
+	}
+	return c.Memory.Group(key)
+}
+
+func (c *countedStore) Push(ctx context.Context, bs []*store.Batch) error {
+	c.pushes.Add(1)
+	return c.Memory.Push(ctx, bs)
 }

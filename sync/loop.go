@@ -58,8 +58,13 @@ type Config struct {
 
 // Limits of a cycle.
 const (
-	maxOps     = 512  // counter operations per batch (one script call)
-	chunk      = 4096 // entries taken and pushed at a time: bounds the scratch memory
+	maxOps = 512  // counter operations per batch (one script call)
+	chunk  = 4096 // entries taken and pushed at a time: bounds the scratch memory
+	// wideChunk is chunk once a full chunk's entries fell in more than a
+	// quarter as many groups (a Redis Cluster's 16,384 hash slots make
+	// batches of about one counter of 4096 entries, each paying a script
+	// call's marker and checks): about four entries per hash slot.
+	wideChunk  = 4 * 16384
 	maxBackoff = 5 * time.Second
 	// backoffRates caps the backoff at this many sync periods (and at
 	// maxBackoff): a node that waits out a backoff once the store is back
@@ -92,6 +97,7 @@ type Loop struct {
 	entries  []owned        // one chunk being sent
 	scratch  []*local.Entry // one chunk of touched entries
 	free     []*batch
+	chunk    int // entries per chunk: chunk, or wideChunk
 
 	stats  counters
 	offset atomic.Int64
@@ -153,7 +159,7 @@ func (l *Loop) sendTouched(ctx context.Context, final bool) (result, int) {
 	keys := 0
 	for _, t := range l.cfg.Tables {
 		for {
-			l.scratch = t.Touched(l.scratch[:0], chunk)
+			l.scratch = t.Touched(l.scratch[:0], l.chunk)
 			if len(l.scratch) == 0 {
 				break
 			}
@@ -176,7 +182,7 @@ func (l *Loop) sendTouched(ctx context.Context, final bool) (result, int) {
 // New returns a loop for cfg. Its Backoff is cfg.Rate until Run changes
 // it, also when Run never runs (the caller runs the cycles).
 func New(cfg Config) *Loop {
-	l := &Loop{cfg: cfg, clockRTT: -1}
+	l := &Loop{cfg: cfg, clockRTT: -1, chunk: chunk}
 	l.stats.backoff.Store(int64(cfg.Rate))
 	return l
 }

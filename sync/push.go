@@ -62,6 +62,9 @@ func (l *Loop) send(ctx context.Context, entries []owned, final bool) result {
 		}
 		b.spans = append(b.spans, s)
 	}
+	if len(entries) >= chunk && len(open) > len(entries)/4 {
+		l.chunk = wideChunk // batches of under four entries: the store has many groups
+	}
 	// Entries sealed before have nothing to send.
 	kept := batches[:0]
 	for _, b := range batches {
