@@ -23,8 +23,10 @@ func (l *Loop) all() []owned {
 // sendAll sends entries in chunks, the batches in doubt first.
 func (l *Loop) sendAll(ctx context.Context, entries []owned, final bool) result {
 	var res result
-	for from := 0; from < len(entries) || (from == 0 && len(l.doubt) > 0); from += l.chunk {
-		res.add(l.send(ctx, entries[min(from, len(entries)):min(from+l.chunk, len(entries))], final))
+	for from := 0; from < len(entries) || (from == 0 && len(l.doubt) > 0); {
+		n := l.chunk // send may widen the chunks after this one
+		res.add(l.send(ctx, entries[min(from, len(entries)):min(from+n, len(entries))], final))
+		from += n
 	}
 	return res
 }
