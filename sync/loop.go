@@ -61,8 +61,8 @@ const (
 	maxOps = 512  // counter operations per batch (one script call)
 	chunk  = 4096 // entries taken and pushed at a time: bounds the scratch memory
 	// wideChunk is chunk once a full chunk's entries fell in more than a
-	// quarter as many groups (a Redis Cluster's 16,384 hash slots make
-	// batches of about one counter of 4096 entries, each paying a script
+	// quarter as many groups (4096 entries over a Redis Cluster's 16,384
+	// hash slots make batches of about one counter, each paying a script
 	// call's marker and checks): about four entries per hash slot.
 	wideChunk  = 4 * 16384
 	maxBackoff = 5 * time.Second
