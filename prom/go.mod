@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125105242-89693e94a678
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125110507-62255c1e9647
 	github.com/stretchr/testify v1.12.1
 )
 
