@@ -2,7 +2,6 @@ package hybridlimit_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -230,7 +229,8 @@ func BenchmarkSyncCycle(b *testing.B) {
 }
 
 // BenchmarkSyncLoopOnly times the sync cycle of BenchmarkSyncCycle
-// against a store that does no I/O (noStore): what the sync loop itself
+// against a store that does no I/O (echoStore, in groups as the Redis
+// store's default lanes): what the sync loop itself
 // costs per key, walking the tables, grouping the keys, taking and
 // settling their increments, apart from the Redis store's client work and
 // the server's.
@@ -239,7 +239,7 @@ func BenchmarkSyncLoopOnly(b *testing.B) {
 	l, err := hybridlimit.New(hybridlimit.Config{
 		Rules:  benchRules[1],
 		Mode:   hybridlimit.ModeAsync,
-		Store:  noStore{},
+		Store:  echoStore{groups: 4},
 		Manual: true,
 	})
 	if err != nil {
@@ -263,33 +263,6 @@ func BenchmarkSyncLoopOnly(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(nkeys*b.N), "ns/key")
 }
-
-// noStore applies every batch at once, each counter's total its delta, in
-// as many groups as the Redis store's default lanes; its Take decides
-// nothing (BenchmarkSyncLoopOnly runs no synchronous decision).
-type noStore struct{}
-
-func (noStore) Group(key string) int { return store.Slot(key) % 4 }
-
-func (noStore) Push(_ context.Context, batches []*store.Batch) error {
-	for _, b := range batches {
-		b.Totals = slices.Grow(b.Totals[:0], len(b.Ops))[:len(b.Ops)]
-		for i, op := range b.Ops {
-			b.Totals[i] = op.Delta
-		}
-		b.Status = store.Applied
-	}
-	return nil
-}
-
-func (noStore) Take(_ context.Context, reqs []*store.TakeRequest) error {
-	for _, r := range reqs {
-		r.Status, r.Err = store.Failed, errors.New("noStore decides nothing")
-	}
-	return nil
-}
-
-func (noStore) Time(context.Context) (time.Time, error) { return time.Now(), nil }
 
 // BenchmarkDecision is one warm decision on one key from one goroutine,
 // in the same loop as BenchmarkFloor (b.Loop), so that the two compare:

@@ -87,10 +87,16 @@ func liveHeap() int64 {
 }
 
 // echoStore applies every push at once, as if this node were the only one,
-// and keeps nothing.
-type echoStore struct{}
+// and keeps nothing; its keys fall in groups groups by hash slot (one
+// when groups is below 2).
+type echoStore struct{ groups int }
 
-func (echoStore) Group(string) int { return 0 }
+func (s echoStore) Group(key string) int {
+	if s.groups < 2 {
+		return 0
+	}
+	return store.Slot(key) % s.groups
+}
 
 func (echoStore) Push(_ context.Context, batches []*store.Batch) error {
 	for _, bt := range batches {
