@@ -259,7 +259,10 @@ func (l *Limiter) FailurePolicy() FailurePolicy { return l.cfg.FailurePolicy }
 // makes, and for those of earlier cycles still under way (the background
 // loop does not wait for a hung Redis Cluster master), or until ctx ends.
 // It returns the first store error, if any; what was not applied is kept
-// for the next cycle. It does nothing in ModeLocal.
+// for the next cycle. A ctx that ends first makes Sync return its error
+// and is not taken for a store failure: it marks nothing failing, and
+// counts in neither Stats.SyncErrors nor Config.OnError. It does nothing
+// in ModeLocal.
 func (l *Limiter) Sync(ctx context.Context) error {
 	if l.loop == nil {
 		return nil
@@ -275,7 +278,8 @@ func (l *Limiter) Sync(ctx context.Context) error {
 }
 
 // SyncClock measures this node's clock offset to the store's clock now
-// (the background loop does it every Config.ClockSync).
+// (the background loop does it every Config.ClockSync). As with Sync, a
+// ctx that ends first is not taken for a store failure.
 func (l *Limiter) SyncClock(ctx context.Context) error {
 	if l.loop == nil || l.cfg.ClockSync < 0 {
 		return nil

@@ -265,6 +265,9 @@ func (l *Loop) CycleAll(ctx context.Context) error {
 }
 
 func (l *Loop) cycle(ctx context.Context, whole bool) error {
+	if err := ctx.Err(); err != nil {
+		return err // the caller gave up: nothing sent, nothing learnt of the store
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	start := l.cfg.Clock.Now()
@@ -296,7 +299,7 @@ func (l *Loop) cycle(ctx context.Context, whole bool) error {
 	l.noteFailing(res)
 	failed := l.cycleFailed
 	l.failed.Store(&failed)
-	if res.applied == 0 && res.failed > 0 {
+	if res.applied == 0 && res.failed > 0 && !res.gone {
 		res.down = l.probe(ctx) != nil // a failed probe marks every group failing
 	}
 	end := l.cfg.Clock.Now()
@@ -309,9 +312,12 @@ func (l *Loop) cycle(ctx context.Context, whole bool) error {
 }
 
 // noteFailing sets Failing from the calls that returned in a cycle, res:
-// whether some batch failed, as long as one returned.
+// whether some batch failed, as long as one returned and the caller did
+// not give up on a call (its context ended) before it returned.
 func (l *Loop) noteFailing(res result) {
 	switch {
+	case res.gone:
+		// Failures of the caller's making say nothing of the store.
 	case res.failed > 0:
 		l.failing.Store(true)
 	case res.applied > 0:
@@ -343,11 +349,16 @@ type result struct {
 	applied, failed int // batches
 	first           error
 	down            bool // nothing applied, and the store failed a probe
+	// gone: the context of a call ended before the call returned (the
+	// caller of Limiter.Sync or Close gave up, or the loop stopped), so
+	// its failures may be the caller's, not the store's.
+	gone bool
 }
 
 func (r *result) add(o result) {
 	r.applied += o.applied
 	r.failed += o.failed
+	r.gone = r.gone || o.gone
 	if r.first == nil {
 		r.first = o.first
 	}
@@ -402,15 +413,17 @@ func (l *Loop) MeasureOffset(ctx context.Context) error {
 
 // measureOffset is MeasureOffset, and reports whether the reading was
 // precise.
-func (l *Loop) measureOffset(ctx context.Context) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+func (l *Loop) measureOffset(parent context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(parent, l.cfg.Timeout)
 	defer cancel()
 	c := l.cfg.Clock
 	t0 := c.Now()
 	st, err := l.cfg.Store.Time(ctx)
 	l.stats.calls.Add(1)
 	if err != nil {
-		l.report(err) // the next cycle or probe tells whether the store fails
+		if parent.Err() == nil { // not the caller giving up
+			l.report(err) // the next cycle or probe tells whether the store fails
+		}
 		return false, err
 	}
 	t1 := c.Now()

@@ -142,6 +142,7 @@ type flight struct {
 	ops     int
 	latency time.Duration
 	err     error
+	gone    bool // the caller's context ended before the call returned
 	done    chan struct{}
 }
 
@@ -273,6 +274,7 @@ func (l *Loop) call(ctx context.Context, f *flight) {
 	if f.err == nil {
 		f.err = cctx.Err()
 	}
+	f.gone = ctx.Err() != nil
 	cancel()
 	f.latency = l.cfg.Clock.Now().Sub(start)
 }
@@ -317,7 +319,10 @@ func (l *Loop) land(f *flight) result {
 		}
 	}
 	l.stats.calls.Add(1)
-	var res result
+	// A call whose caller gave up (its context ended) may have failed for
+	// that alone: its failures mark no group failing and are not reported
+	// as the store's; they go out again as any failure does.
+	res := result{gone: f.gone}
 	for _, b := range batches {
 		switch b.sb.Status {
 		case store.Applied:
@@ -348,7 +353,7 @@ func (l *Loop) land(f *flight) result {
 			if res.first == nil {
 				res.first = b.sb.Err
 			}
-			if l.cycleFailed != nil {
+			if l.cycleFailed != nil && !f.gone {
 				l.cycleFailed[b.sb.Group] = true
 			}
 			if b.doubt {
@@ -369,7 +374,9 @@ func (l *Loop) land(f *flight) result {
 		if res.first == nil {
 			res.first = errors.New("store: batch not applied")
 		}
-		l.report(res.first)
+		if !f.gone {
+			l.report(res.first)
+		}
 	} else {
 		l.stats.latency.Store(int64(latency))
 	}

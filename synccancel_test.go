@@ -1,0 +1,103 @@
+package hybridlimit_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/hybridlimit"
+	"github.com/hybridlimit/hybridlimit/store"
+)
+
+// A Sync whose caller gives up (its context canceled or past its deadline,
+// before the call or while the store works on it) reports the context's
+// error, and tells nothing of the store, nor does a SyncClock on that
+// context: the store is not marked failing,
+// no store error is counted or passed to OnError, a fail-closed limiter
+// goes on deciding every key, and the increments go out at the next Sync,
+// counted once.
+func TestSyncCallerGivesUp(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		under bool // the context ends while the push is under way
+		ctx   func() (context.Context, context.CancelFunc)
+	}{
+		{"canceled before", false, func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			return ctx, cancel
+		}},
+		{"past its deadline before", false, func() (context.Context, context.CancelFunc) {
+			return context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+		}},
+		{"canceled during the push", true, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 50*time.Millisecond)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mc := clock.NewMock()
+			mc.Set(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+			mem := &hungStore{Memory: store.NewMemory(mc)}
+			var onError atomic.Int64
+			a, err := hybridlimit.New(hybridlimit.Config{
+				Rules:         []hybridlimit.Rule{{Limit: 3, Window: time.Hour}},
+				Mode:          hybridlimit.ModeAsync,
+				Store:         mem,
+				Prefix:        "t",
+				FailurePolicy: hybridlimit.FailClosed,
+				Clock:         mc,
+				Manual:        true,
+				StoreTimeout:  10 * time.Second,
+				OnError:       func(error) { onError.Add(1) },
+			})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = a.Close(context.Background()) })
+			ctx := context.Background()
+			allow := func(key string) hybridlimit.Result {
+				t.Helper()
+				res, err := a.Allow(ctx, key)
+				require.NoError(t, err)
+				return res
+			}
+			require.True(t, allow("k").Allowed)
+			require.NoError(t, a.Sync(ctx))
+			require.True(t, allow("k").Allowed) // pending
+
+			mem.hung.Store(c.under)
+			gone, cancel := c.ctx()
+			defer cancel()
+			err = a.Sync(gone)
+			require.Error(t, err)
+			assert.ErrorIs(t, err, gone.Err())
+			mem.hung.Store(false)
+			assert.ErrorIs(t, a.SyncClock(gone), gone.Err())
+
+			st := a.Stats()
+			assert.False(t, st.StoreFailing, "StoreFailing")
+			assert.Zero(t, st.SyncErrors, "SyncErrors")
+			assert.Zero(t, onError.Load(), "OnError calls")
+			for _, key := range []string{"k", "new"} {
+				res := allow(key)
+				assert.True(t, res.Allowed, "%s allowed", key)
+				assert.False(t, res.Degraded, "%s degraded", key)
+			}
+
+			// The store holds every admitted request once, whatever became
+			// of the push the caller gave up on (in doubt, it goes out first,
+			// and the group's new increments at the Sync after).
+			require.NoError(t, a.Sync(ctx))
+			require.NoError(t, a.Sync(ctx))
+			assert.Zero(t, a.Stats().InDoubt, "in doubt after the last Sync")
+			id := mc.Now().UnixMilli() / time.Hour.Milliseconds()
+			for key, want := range map[string]int64{"k": 3, "new": 1} {
+				got := mem.Get("t", store.Counter{Key: key, Window: time.Hour.Milliseconds(), ID: id})
+				assert.Equal(t, want, got, "the store's count of %s", key)
+			}
+		})
+	}
+}
