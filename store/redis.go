@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -84,7 +85,7 @@ type RedisOptions struct {
 	// with it count as one failure), each failed probe doubles it up to
 	// BreakerMax. A call its caller canceled counts for nothing. Defaults
 	// 100ms and 5s, 1ms ≤ BreakerMin ≤ BreakerMax ≤ 1h; a negative
-	// BreakerMin disables the breaker.
+	// BreakerMin disables the breaker, and then BreakerMax must be 0.
 	BreakerMin, BreakerMax time.Duration
 	// WaitReplicas, when positive (at most 64), makes every call wait
 	// until that many replicas have its writes (Redis WAIT), for at most
@@ -110,7 +111,7 @@ type RedisOptions struct {
 // doubt. Every call but Take also ends when its context is canceled
 // before its deadline, whatever the client's options.
 func NewRedis(c redis.UniversalClient, o RedisOptions) (*Redis, error) {
-	if c == nil {
+	if v := reflect.ValueOf(c); c == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 		return nil, errors.New("store: NewRedis: the client is nil")
 	}
 	if o.Lanes == 0 {
@@ -118,6 +119,9 @@ func NewRedis(c redis.UniversalClient, o RedisOptions) (*Redis, error) {
 	}
 	if o.Lanes < 1 || o.Lanes > 64 {
 		return nil, fmt.Errorf("store: RedisOptions.Lanes is %d, want 1 to 64", o.Lanes)
+	}
+	if o.BreakerMin < 0 && o.BreakerMax != 0 {
+		return nil, fmt.Errorf("store: RedisOptions.BreakerMax is %v with BreakerMin %v: BreakerMax applies only with the breaker on (BreakerMin 0 or more)", o.BreakerMax, o.BreakerMin)
 	}
 	if o.BreakerMin == 0 {
 		o.BreakerMin = 100 * time.Millisecond

@@ -164,6 +164,8 @@ func TestNewRedisErrors(t *testing.T) {
 		{store.RedisOptions{Lanes: 65}, "Lanes is 65, want 1 to 64"},
 		{store.RedisOptions{Lanes: -1}, "Lanes is -1"},
 		{store.RedisOptions{BreakerMin: time.Second, BreakerMax: time.Millisecond}, "BreakerMin is 1s and BreakerMax 1ms"},
+		{store.RedisOptions{BreakerMin: -1, BreakerMax: time.Hour}, "BreakerMax is 1h0m0s with BreakerMin -1ns: BreakerMax applies only with the breaker on"},
+		{store.RedisOptions{BreakerMin: -1, BreakerMax: -time.Hour}, "BreakerMax is -1h0m0s with BreakerMin -1ns"},
 		{store.RedisOptions{WaitReplicas: -1}, "WaitReplicas is -1, want 0 to 64"},
 		{store.RedisOptions{WaitTimeout: time.Second}, "WaitTimeout is 1s with WaitReplicas 0"},
 		{store.RedisOptions{WaitReplicas: 1, WaitTimeout: time.Minute}, "WaitTimeout is 1m0s"},
@@ -171,9 +173,15 @@ func TestNewRedisErrors(t *testing.T) {
 		_, err := store.NewRedis(c, tt.o)
 		assert.ErrorContains(t, err, tt.want)
 	}
-	_, err := store.NewRedis(nil, store.RedisOptions{})
-	assert.Error(t, err)
-	assert.False(t, errors.Is(err, store.ErrUnavailable))
+	var nilClient *redis.Client
+	var nilCluster *redis.ClusterClient
+	for _, nc := range []redis.UniversalClient{nil, nilClient, nilCluster} {
+		_, err := store.NewRedis(nc, store.RedisOptions{})
+		assert.ErrorContains(t, err, "the client is nil", "%T", nc)
+		assert.False(t, errors.Is(err, store.ErrUnavailable))
+	}
+	_, err := store.NewRedis(c, store.RedisOptions{BreakerMin: -1})
+	assert.NoError(t, err, "the breaker off, BreakerMax left 0")
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
 	defer cc.Close()
 	_, err = store.NewRedis(cc, store.RedisOptions{WaitReplicas: 1})
