@@ -191,7 +191,7 @@ func ceilMs(ns int64) int64 {
 func (l *Limiter) checkPolicyKey(op, key string) error {
 	switch {
 	case len(key) == 0:
-		return ErrEmptyKey
+		return &inputError{fmt.Sprintf("hybridlimit: %s: empty key; want 1 to Config.MaxKeyLen (%d) bytes", op, l.cfg.MaxKeyLen), ErrEmptyKey}
 	case len(key) > l.cfg.MaxKeyLen:
 		return &inputError{fmt.Sprintf("hybridlimit: %s: key of %d bytes exceeds Config.MaxKeyLen %d", op, len(key), l.cfg.MaxKeyLen), ErrKeyTooLong}
 	}

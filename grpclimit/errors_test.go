@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -32,6 +33,8 @@ func TestNewErrors(t *testing.T) {
 		{l, nil, grpclimit.Options{}, "grpclimit: New: key function is nil"},
 		{l, key, grpclimit.Options{RetryJitter: -1}, "grpclimit: Options.RetryJitter is -1ns, want 0 to 1h0m0s"},
 		{l, key, grpclimit.Options{RetryJitter: 2 * time.Hour}, "grpclimit: Options.RetryJitter is 2h0m0s, want 0 to 1h0m0s"},
+		{l, key, grpclimit.Options{BlockedCode: 17}, "grpclimit: Options.BlockedCode is 17, want a gRPC status code: 1 (Canceled) to 16 (Unauthenticated), or 0 for the default"},
+		{l, key, grpclimit.Options{BlockedCode: math.MaxUint32}, "grpclimit: Options.BlockedCode is 4294967295, want a gRPC status code: 1 (Canceled) to 16 (Unauthenticated), or 0 for the default"},
 		{l, key, grpclimit.Options{PolicyNames: []string{"a"}}, "grpclimit: Options.PolicyNames has 1 names, want one per rule: 2"},
 		{l, key, grpclimit.Options{PolicyNames: []string{"a", ""}}, "grpclimit: Options.PolicyNames[1] is empty"},
 		{l, key, grpclimit.Options{PolicyNames: []string{"a", "é"}}, `grpclimit: Options.PolicyNames[1] is "é": byte 0xc3 at 0 is not printable ASCII; want printable ASCII`},

@@ -81,8 +81,9 @@ type Options struct {
 
 	// BlockedCode is the status code of a blocked key's calls
 	// (Limiter.Block, Config.Ban), with a RetryInfo detail of the time
-	// left; default codes.ResourceExhausted. Use codes.PermissionDenied to
-	// tell clients it is not a rate limit. The block's reason is not
+	// left; default codes.ResourceExhausted (for codes.OK), else one of
+	// codes.Canceled to codes.Unauthenticated. Use codes.PermissionDenied
+	// to tell clients it is not a rate limit. The block's reason is not
 	// sent.
 	BlockedCode codes.Code
 
@@ -148,6 +149,9 @@ func New(l *hybridlimit.Limiter, key KeyFunc, opts Options) (*Interceptor, error
 	}
 	if opts.BlockedCode == codes.OK {
 		opts.BlockedCode = codes.ResourceExhausted
+	}
+	if opts.BlockedCode > codes.Unauthenticated {
+		return nil, fmt.Errorf("grpclimit: Options.BlockedCode is %d, want a gRPC status code: 1 (Canceled) to 16 (Unauthenticated), or 0 for the default", uint32(opts.BlockedCode))
 	}
 	i := &Interceptor{l: l, key: key, opts: opts, tiers: map[string]*tier{}}
 	for _, name := range l.Tiers() {
