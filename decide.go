@@ -82,7 +82,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // Result.Degraded.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (res Result, err error) {
 	if !l.plain(key, n) {
-		return l.allowRouted(ctx, key, n)
+		return l.allowRouted(ctx, key, n, "AllowN")
 	}
 	t, now := l.def, l.clock.now()
 	if i, rem, reset := t.table.Allow1(key, n, now); i >= 0 {
@@ -98,9 +98,10 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (res Result, 
 }
 
 // allowRouted is AllowN for every case but the common one: invalid input,
-// tiers and policies, ModeSynchronous, FailClosed.
-func (l *Limiter) allowRouted(ctx context.Context, key string, n int64) (Result, error) {
-	t, kp, err := l.route(key, n, "AllowN")
+// tiers and policies, ModeSynchronous, FailClosed; op names the method in
+// errors.
+func (l *Limiter) allowRouted(ctx context.Context, key string, n int64, op string) (Result, error) {
+	t, kp, err := l.route(key, n, op)
 	if err != nil {
 		return Result{Rule: -1}, err
 	}
@@ -190,21 +191,24 @@ func (l *Limiter) Wait(ctx context.Context, key string) (Result, error) {
 
 // WaitN blocks until a request of cost n for key is admitted, and consumes
 // it; for a LeakyBucket rule it then waits the request's Delay, its turn in
-// the queue. It returns an error, without waiting, if ctx's deadline comes
-// before the request could be admitted or, once admitted, before its Delay
-// ends (its turn in the queue stays taken: Result.Allowed is set), and
-// ctx's error if ctx is done while waiting, or at once, consuming
-// nothing, if ctx is done already. Time is measured on the configured
-// Clock.
+// the queue. It returns an error wrapping context.DeadlineExceeded,
+// without waiting, if ctx's deadline comes before the request could be
+// admitted or, once admitted, before its Delay ends (its turn in the queue
+// stays taken: Result.Allowed is set), and ctx's error if ctx is done
+// while waiting, or at once, consuming nothing, if ctx is done already.
+// Time is measured on the configured Clock. A change of the policies this
+// node sees (Unblock, SetOverride, RemoveOverride, here or, within a sync
+// period, on another node) ends a wait early, to decide again.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{Rule: -1}, err
 	}
 	for {
-		res, err := l.AllowN(ctx, key, n)
+		changed := l.pol.changes() // before the decision, so that no change is missed
+		res, err := l.allowRouted(ctx, key, n, "WaitN")
 		if err == nil && res.Allowed && res.Delay > 0 {
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < res.Delay {
-				return res, fmt.Errorf("hybridlimit: a request of cost %d was admitted with a delay of %v, past the context deadline", n, res.Delay)
+				return res, fmt.Errorf("hybridlimit: a request of cost %d was admitted with a delay of %v, past the context deadline: %w", n, res.Delay, context.DeadlineExceeded)
 			}
 			return res, l.sleep(ctx, res.Delay)
 		}
@@ -213,7 +217,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error
 		}
 		wait := max(res.RetryAfter, time.Microsecond)
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait { // deadlines are wall-clock time
-			return res, fmt.Errorf("hybridlimit: a request of cost %d would wait %v, past the context deadline", n, wait)
+			return res, fmt.Errorf("hybridlimit: a request of cost %d would wait %v, past the context deadline: %w", n, wait, context.DeadlineExceeded)
 		}
 		t := l.cfg.Clock.Timer(wait)
 		select {
@@ -223,6 +227,8 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error
 		case <-l.stop:
 			t.Stop()
 			return res, ErrClosed
+		case <-changed:
+			t.Stop()
 		case <-t.C:
 		}
 	}

@@ -61,6 +61,24 @@ type policies struct {
 	mu      sync.Mutex // one reload at a time; guards version
 	version uint64
 	loaded  bool
+	// changed is closed, and replaced, each time reload installs a new
+	// reading: a WaitN waiting out a block or its tier's limit decides
+	// again (nil until changes or reload first sets it).
+	changed atomic.Pointer[chan struct{}]
+}
+
+// changes returns a channel closed at the next reload that installs a
+// reading.
+func (p *policies) changes() <-chan struct{} {
+	for {
+		if c := p.changed.Load(); c != nil {
+			return *c
+		}
+		next := make(chan struct{})
+		if p.changed.CompareAndSwap(nil, &next) {
+			return next
+		}
+	}
 }
 
 // policySnap is one immutable reading of the store's policies: per key,
@@ -151,6 +169,10 @@ func (p *policies) reload(ctx context.Context, force bool) error {
 	p.active.Store(len(ps) > 0 || p.tierOf)
 	p.setCommon()
 	p.version, p.loaded = v, true
+	next := make(chan struct{})
+	if old := p.changed.Swap(&next); old != nil {
+		close(*old)
+	}
 	return nil
 }
 

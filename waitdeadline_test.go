@@ -9,7 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// WaitN returns at once, with an error, when ctx's deadline comes before
+// WaitN returns at once, with an error wrapping context.DeadlineExceeded
+// (not ctx's own error, which it would return had it waited for the
+// deadline), when ctx's deadline comes before
 // the request would proceed: before it is admitted, or, for a
 // LeakyBucket rule, before its Delay in the queue ends (the place it took
 // stays taken, and Result.Allowed says so).
@@ -31,7 +33,8 @@ func TestWaitNDeadlineBeforeProceeding(t *testing.T) {
 		cancel()
 		assert.ErrorContains(t, err, "a request of cost 1 ", "%v", r)
 		assert.ErrorContains(t, err, "past the context deadline", "%v", r)
-		assert.NotErrorIs(t, err, context.DeadlineExceeded, "%v: WaitN waited for the deadline", r)
+		assert.NotEqual(t, context.DeadlineExceeded, err, "%v: WaitN waited for the deadline", r)
+		assert.ErrorIs(t, err, context.DeadlineExceeded, "%v: errors.Is tells a deadline", r)
 		assert.Equal(t, r.Type == LeakyBucket, res.Allowed, "%v", r)
 	}
 }
