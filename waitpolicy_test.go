@@ -40,7 +40,10 @@ func TestWaitNDecidesAgainWhenPoliciesChange(t *testing.T) {
 				_, err := l.Allow(ctx, "k")
 				return err
 			},
-			func(ctx context.Context, l *hybridlimit.Limiter) error { _, err := l.RemoveOverride(ctx, "k"); return err },
+			func(ctx context.Context, l *hybridlimit.Limiter) error {
+				_, err := l.RemoveOverride(ctx, "k")
+				return err
+			},
 			""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
