@@ -31,7 +31,8 @@ type BanPolicy struct {
 	// 1 minute.
 	Within time.Duration
 	// For is the first block's length, Max the longest: 1s ≤ For ≤ Max ≤
-	// 366 days, whole milliseconds; defaults 1 minute and 24 hours.
+	// 366 days, whole milliseconds; defaults 1 minute and the larger of 24
+	// hours and For.
 	For, Max time.Duration
 	// Forget is how long after a block ends a new one still doubles it:
 	// up to 366 days; 0 means the default, 24 hours. Blocks never double

@@ -249,7 +249,10 @@ type Config struct {
 	// clock on every node, whatever their own clocks say. A read whose
 	// round trip exceeds StoreTimeout/4 is imprecise: it is kept only when
 	// better than the offset in use, and the clock is read again at the
-	// next sync cycle. A negative value keeps each node on its own clock.
+	// next sync cycle; so it is, with no sync cycle run meanwhile, until a
+	// first read succeeds, and synchronous decisions wait for that read
+	// (see docs/design.md, "Whose clock"). A negative value keeps each
+	// node on its own clock.
 	ClockSync time.Duration
 
 	// OnError, if set, is called with every store error, from the

@@ -116,10 +116,6 @@ func New(cfg Config) (*Limiter, error) {
 	if syncing {
 		var id [8]byte
 		_, _ = rand.Read(id[:])
-		clockSync := cfg.ClockSync
-		if cfg.Manual {
-			clockSync = 0
-		}
 		l.loop = syncloop.New(syncloop.Config{
 			Tables:    tables,
 			Store:     cfg.Store,
@@ -130,7 +126,7 @@ func New(cfg Config) (*Limiter, error) {
 			Rate:      rate,
 			Recent:    3 * rate,
 			Timeout:   cfg.StoreTimeout,
-			ClockSync: clockSync,
+			ClockSync: cfg.ClockSync,
 			OnError:   cfg.OnError,
 			OnSync:    cfg.OnSync,
 			Logger:    cfg.Logger,

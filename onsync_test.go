@@ -25,7 +25,8 @@ func TestOnSyncRunsPerPush(t *testing.T) {
 		Tiers:  map[string][]Rule{"x": {{Limit: 3, Window: time.Second}}},
 		TierOf: func(k string) string { return map[string]string{"x": "x"}[k] },
 		Mode:   ModeAsync, Store: store.NewMemory(mock), Clock: mock, Manual: true,
-		OnSync: func(_ time.Duration, n int, _ error) { ops = append(ops, n) },
+		ClockSync: -1, // no clock read in the first Sync: only pushes
+		OnSync:    func(_ time.Duration, n int, _ error) { ops = append(ops, n) },
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(ctx) })

@@ -313,3 +313,20 @@ func TestBlockFarEndRetryAfter(t *testing.T) {
 		assert.Equal(t, want, res.RetryAfter, "until %d", until)
 	}
 }
+
+// Max defaults to 24 hours, or to For when For is longer: a For of 48h
+// bans for 48h, and a repeat within Forget stays at 48h rather than
+// doubling.
+func TestBanMaxDefaultsToForWhenLonger(t *testing.T) {
+	ctx := context.Background()
+	l, mock := newTiered(t, BanPolicy{Denials: 1, For: 48 * time.Hour})
+	start := mock.Now()
+	for i, at := range []time.Time{start, start.Add(48*time.Hour + time.Second)} {
+		mock.Set(at)
+		assert.Equal(t, 3, admitted(t, l, "k", 4), "ban %d: the fourth request is denied and bans the key", i)
+		res, err := l.Peek(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, res.Blocked, "ban %d", i)
+		assert.InDelta(t, float64(48*time.Hour), float64(res.RetryAfter), float64(time.Second), "ban %d's length", i)
+	}
+}

@@ -109,6 +109,10 @@ func (s *synchronous) decide(ctx context.Context, t *tier, key string, n int64, 
 		return Result{Rule: -1}, err
 	}
 	l := s.l
+	// Until the node has read the store's clock, its own instant may lie
+	// in another window than the store's: the first decisions wait for
+	// that reading, and without one the store has not decided.
+	clockErr := l.loop.FirstClock(ctx)
 	now := l.clock.now()
 	us := now / int64(time.Microsecond)
 	c := callPool.Get().(*call)
@@ -123,10 +127,19 @@ func (s *synchronous) decide(ctx context.Context, t *tier, key string, n int64, 
 		CountDenied: l.cfg.CountDenied,
 		Counts:      c.req.Counts,
 	}
-	s.route(key).do(c)
+	if clockErr != nil {
+		if err := ctx.Err(); err != nil {
+			return Result{Rule: -1}, err
+		}
+		c.req.Status, c.req.Err = store.Failed, clockErr // reported by FirstClock
+	} else {
+		s.route(key).do(c)
+	}
 	req := &c.req
 	if req.Status != store.Applied {
-		l.loop.ReportError(req.Err)
+		if clockErr == nil {
+			l.loop.ReportError(req.Err)
+		}
 		if l.cfg.FailurePolicy == FailClosed {
 			return l.failClosed(t, !peek), nil
 		}

@@ -46,7 +46,8 @@ type Config struct {
 	Recent time.Duration
 	// Timeout bounds every store call.
 	Timeout time.Duration
-	// ClockSync is the period of MeasureOffset in Run; 0 or less: never.
+	// ClockSync is the period of MeasureOffset in Run; 0 or less: never,
+	// and the node's own clock is the one to use (ClockKnown).
 	ClockSync time.Duration
 	// OnError, OnSync, Logger and LogEvery report store errors and
 	// cycles; see hybridlimit.Config.
@@ -105,7 +106,11 @@ type Loop struct {
 	// (negative: none yet), under clockMu.
 	clockMu  sync.Mutex
 	clockRTT time.Duration
-	failing  atomic.Bool
+	// clockKnown: a reading of the store's clock succeeded, or ClockSync
+	// is off (the node's own clock is the one to use).
+	clockKnown atomic.Bool
+	firstClock sync.Mutex // one first reading at a time (FirstClock)
+	failing    atomic.Bool
 	// failed holds the groups whose batches failed in the last cycle, or
 	// nil when the whole store failed (a probe).
 	failed      atomic.Pointer[map[int]bool]
@@ -184,7 +189,33 @@ func (l *Loop) sendTouched(ctx context.Context, final bool) (result, int) {
 func New(cfg Config) *Loop {
 	l := &Loop{cfg: cfg, clockRTT: -1, chunk: chunk}
 	l.stats.backoff.Store(int64(cfg.Rate))
+	l.clockKnown.Store(cfg.ClockSync <= 0)
 	return l
+}
+
+// ClockKnown reports whether the node's clock offset to the store's is
+// known: a reading succeeded, or ClockSync is off.
+func (l *Loop) ClockKnown() bool { return l.clockKnown.Load() }
+
+// FirstClock reads the store's clock unless the offset is known (see
+// ClockKnown); concurrent callers wait for one reading. A failed reading
+// marks the store failing. The synchronous mode calls it before the
+// decisions it would otherwise make at the node's own instant, in another
+// window than the store's.
+func (l *Loop) FirstClock(ctx context.Context) error {
+	if l.clockKnown.Load() {
+		return nil
+	}
+	l.firstClock.Lock()
+	defer l.firstClock.Unlock()
+	if l.clockKnown.Load() {
+		return nil
+	}
+	_, err := l.measureOffset(ctx)
+	if err != nil && ctx.Err() == nil {
+		l.failing.Store(true)
+	}
+	return err
 }
 
 // Failing reports whether a batch failed in the last cycle whose calls returned.
@@ -277,6 +308,13 @@ func (l *Loop) cycle(ctx context.Context, whole bool) error {
 	defer func() { l.whole = false }()
 	if whole {
 		l.waitFlights(ctx)
+	}
+	if !l.clockKnown.Load() {
+		// Called by hand (Limiter.Sync): no push into the windows of a
+		// guessed clock either (Run cycles only once the clock is known).
+		if err := l.FirstClock(ctx); err != nil {
+			return fmt.Errorf("%w (%w)", err, errNoneApplied)
+		}
 	}
 	l.cycleFailed = l.stillFailing()
 	landed := l.landDone()
@@ -435,13 +473,15 @@ func (l *Loop) measureOffset(parent context.Context) (bool, error) {
 		l.offset.Store(int64(st.Sub(t0.Add(rtt / 2))))
 		l.clockRTT = rtt
 	}
+	l.clockKnown.Store(true)
 	return precise, nil
 }
 
 // Run runs cycles every Rate (backing off exponentially, with jitter, up
 // to max(5s, Rate) while no batch reaches the store) and measures the
 // clock offset every ClockSync, until stop is closed. It measures the
-// offset once before the first cycle.
+// offset once before the first cycle and, until a reading succeeds, again
+// at each cycle, which it skips meanwhile (marking the store failing).
 func (l *Loop) Run(stop <-chan struct{}) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -452,9 +492,15 @@ func (l *Loop) Run(stop <-chan struct{}) {
 	c := l.cfg.Clock
 	now := c.Now()
 	// The clock is read again after ClockSync, or at the next cycle after
-	// an imprecise reading (see MeasureOffset).
+	// an imprecise reading (see MeasureOffset), or, until a reading
+	// succeeds, after a failed one: the store is then failing, and no
+	// cycle pushes increments into windows of this node's own clock.
 	clockAfter := func() time.Duration {
-		if ok, err := l.measureOffset(ctx); err == nil && !ok && l.cfg.Rate < l.cfg.ClockSync {
+		ok, err := l.measureOffset(ctx)
+		if err != nil && !l.clockKnown.Load() && ctx.Err() == nil {
+			l.failing.Store(true)
+		}
+		if (err != nil && !l.clockKnown.Load() || err == nil && !ok) && l.cfg.Rate < l.cfg.ClockSync {
 			return l.cfg.Rate
 		}
 		return l.cfg.ClockSync
@@ -482,7 +528,12 @@ func (l *Loop) Run(stop <-chan struct{}) {
 		case <-t.C:
 		}
 		now = c.Now()
-		if !now.Before(nextSync) {
+		if l.cfg.ClockSync > 0 && !now.Before(nextClock) {
+			nextClock = now.Add(clockAfter())
+		}
+		if !now.Before(nextSync) && !l.clockKnown.Load() {
+			nextSync = now.Add(l.cfg.Rate) // no push on a guessed clock
+		} else if !now.Before(nextSync) {
 			err := l.Cycle(ctx)
 			switch {
 			case ctx.Err() != nil:
@@ -495,9 +546,6 @@ func (l *Loop) Run(stop <-chan struct{}) {
 			}
 			l.stats.backoff.Store(int64(delay))
 			nextSync = now.Add(delay)
-		}
-		if l.cfg.ClockSync > 0 && !now.Before(nextClock) {
-			nextClock = now.Add(clockAfter())
 		}
 	}
 }
