@@ -133,12 +133,14 @@ type hitters struct {
 // near its limit (denied, or admitted with at most a quarter of its
 // tightest rule left: of its Limit, or of a bucket's Burst), the tag's
 // cost is counted towards the key's contributors (see Contributors). An
-// empty tag counts nothing. It does not allocate, but for the first such
-// decision on a key.
+// empty tag counts nothing; a tag longer than Config.MaxKeyLen counts as
+// its first MaxKeyLen bytes (a tag taken from requests cannot grow the
+// node's or the store's memory past that). It does not allocate, but for
+// the first such decision on a key.
 func (l *Limiter) AllowTagged(ctx context.Context, key, tag string, n int64) (Result, error) {
 	res, err := l.AllowN(ctx, key, n)
 	if err == nil && tag != "" && (!res.Allowed || res.Remaining <= l.capacity(&res)/4) {
-		l.noteTag(key, tag, n, res.Tier)
+		l.noteTag(key, tag[:min(len(tag), l.cfg.MaxKeyLen)], n, res.Tier)
 	}
 	return res, err
 }

@@ -3,6 +3,7 @@ package hybridlimit
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -170,4 +171,18 @@ func TestContributorsBucketThreshold(t *testing.T) {
 			assert.Equal(t, c.want, cost)
 		})
 	}
+}
+
+// A tag longer than Config.MaxKeyLen counts as its first MaxKeyLen bytes.
+func TestContributorsLongTag(t *testing.T) {
+	l, _ := newTiered(t, BanPolicy{})
+	ctx := context.Background()
+	long := strings.Repeat("t", 8*DefaultMaxKeyLen)
+	for range 4 {
+		_, err := l.AllowTagged(ctx, "k", long, 1)
+		require.NoError(t, err)
+	}
+	got, err := l.Contributors(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, []Contributor{{long[:DefaultMaxKeyLen], 2}}, got, "the third unit and the denial")
 }
