@@ -182,7 +182,7 @@ func Example() {
 	for range 3 {
 		_, _ = l.Allow(context.Background(), "client-1")
 	}
-	_ = l.Sync(context.Background())
+	_ = l.Sync(context.Background()) // two store calls: the store's clock, then the push
 
 	families, _ := reg.Gather()
 	for _, f := range families {
@@ -209,7 +209,7 @@ func Example() {
 	// hybridlimit_keys limiter=api 1
 	// hybridlimit_overflow_decisions_total limiter=api 0
 	// hybridlimit_pending_increments limiter=api 0
-	// hybridlimit_store_calls_total limiter=api 1
+	// hybridlimit_store_calls_total limiter=api 2
 	// hybridlimit_store_errors_total limiter=api 0
 	// hybridlimit_store_failing limiter=api 0
 	// hybridlimit_sync_batches_in_doubt limiter=api 0
