@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -140,7 +141,10 @@ type hitters struct {
 func (l *Limiter) AllowTagged(ctx context.Context, key, tag string, n int64) (Result, error) {
 	res, err := l.AllowN(ctx, key, n)
 	if err == nil && tag != "" && (!res.Allowed || res.Remaining <= l.capacity(&res)/4) {
-		l.noteTag(key, tag[:min(len(tag), l.cfg.MaxKeyLen)], n, res.Tier)
+		if len(tag) > l.cfg.MaxKeyLen {
+			tag = strings.Clone(tag[:l.cfg.MaxKeyLen]) // not a view that keeps the whole tag
+		}
+		l.noteTag(key, tag, n, res.Tier)
 	}
 	return res, err
 }
