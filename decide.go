@@ -74,7 +74,8 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // consumes n from every rule. In ModeLocal and ModeAsync it does no I/O and
 // ignores ctx; in ModeSynchronous it makes one round trip to the store
 // (shared with concurrent decisions) and returns ctx's error if ctx is done
-// before it starts. The error is non-nil only for invalid input (an empty or
+// before it starts, or, for a node's first decisions, before its first
+// read of the store's clock returns (see Config.ClockSync). The error is non-nil only for invalid input (an empty or
 // oversized key, n < 1 or n above what some rule of the key's tier admits at
 // once: its Limit, or a bucket's Burst; a tier named by Config.TierOf that
 // is not in Config.Tiers), after Close, or for a done ctx;
@@ -203,14 +204,28 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error
 	if err := ctx.Err(); err != nil {
 		return Result{Rule: -1}, err
 	}
+	// A change of any key's policies wakes every wait: after one, the wait
+	// looks (PeekN) before it decides again, so that a change that does
+	// not admit the request counts nothing against the key (a denial
+	// towards Config.Ban, CountDenied's charge).
+	peek := false
 	for {
 		changed := l.pol.changes() // before the decision, so that no change is missed
-		res, err := l.allowRouted(ctx, key, n, "WaitN")
-		if err == nil && res.Allowed && res.Delay > 0 {
-			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < res.Delay {
-				return res, fmt.Errorf("hybridlimit: a request of cost %d was admitted with a delay of %v, past the context deadline: %w", n, res.Delay, context.DeadlineExceeded)
+		var res Result
+		var err error
+		if peek {
+			if res, err = l.PeekN(ctx, key, n); err == nil && res.Allowed {
+				peek = false
+				continue // decide
 			}
-			return res, l.sleep(ctx, res.Delay)
+		} else {
+			res, err = l.allowRouted(ctx, key, n, "WaitN")
+			if err == nil && res.Allowed && res.Delay > 0 {
+				if dl, ok := ctx.Deadline(); ok && time.Until(dl) < res.Delay {
+					return res, fmt.Errorf("hybridlimit: a request of cost %d was admitted with a delay of %v, past the context deadline: %w", n, res.Delay, context.DeadlineExceeded)
+				}
+				return res, l.sleep(ctx, res.Delay)
+			}
 		}
 		if err != nil || res.Allowed {
 			return res, err
@@ -229,7 +244,9 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error
 			return res, ErrClosed
 		case <-changed:
 			t.Stop()
+			peek = true
 		case <-t.C:
+			peek = false
 		}
 	}
 }

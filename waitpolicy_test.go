@@ -2,6 +2,7 @@ package hybridlimit_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -105,4 +106,41 @@ func TestWaitNInputErrorsNameWaitN(t *testing.T) {
 	assert.ErrorContains(t, err, "WaitN(n=0)")
 	_, err = l.WaitN(context.Background(), "k", 6)
 	assert.ErrorContains(t, err, "WaitN(n=6)")
+}
+
+// Policy changes of other keys wake a wait, which then only looks: the
+// waiting key's denials stay one, and Config.Ban (at 3) never blocks it.
+func TestWaitNUnrelatedPolicyChangesCountNothing(t *testing.T) {
+	mc := clock.NewMock()
+	mc.Set(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules:  []hybridlimit.Rule{{Limit: 1, Window: time.Hour}},
+		Tiers:  map[string][]hybridlimit.Rule{"big": {{Limit: 10, Window: time.Hour}}},
+		Ban:    hybridlimit.BanPolicy{Denials: 3, Within: time.Hour},
+		Clock:  mc,
+		Manual: true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	res, err := l.Allow(ctx, "victim")
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Wait(wctx, "victim") // denied once, then waits the hour
+		done <- err
+	}()
+	for i := range 6 {
+		time.Sleep(20 * time.Millisecond)
+		require.NoError(t, l.SetOverride(ctx, fmt.Sprintf("other-%d", i), "big", 0))
+	}
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	res, err = l.Peek(ctx, "victim")
+	require.NoError(t, err)
+	assert.False(t, res.Blocked, "banned by denials the changes made")
+	assert.Equal(t, uint64(1), l.Stats().Denied, "the wait's one denial")
 }
