@@ -3,6 +3,7 @@ package hybridlimit_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/hybridlimit/hybridlimit"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/store"
 )
 
 // A synchronous node decides nothing at its own instant before it has read
@@ -127,3 +129,52 @@ type aheadClock struct {
 func (c aheadClock) Now() time.Time                  { return c.Clock.Now().Add(c.d) }
 func (c aheadClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 func (c aheadClock) Until(t time.Time) time.Duration { return t.Sub(c.Now()) }
+
+// While the first read of the store's clock hangs, concurrent synchronous
+// decisions share one read rather than queueing a read each behind it,
+// and a decision whose context ends returns at once with its error: the
+// store has not decided (FailClosed: denied, Degraded).
+func TestSynchronousFirstClockReadIsShared(t *testing.T) {
+	st := &clockHungStore{Memory: store.NewMemory(nil)}
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules:         []hybridlimit.Rule{{Limit: 5, Window: time.Hour}},
+		Mode:          hybridlimit.ModeSynchronous,
+		Store:         st,
+		FailurePolicy: hybridlimit.FailClosed,
+		Manual:        true,
+		StoreTimeout:  200 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	const callers = 10
+	results := make(chan hybridlimit.Result, callers)
+	for range callers {
+		go func() {
+			res, err := l.Allow(context.Background(), "k")
+			assert.NoError(t, err)
+			results <- res
+		}()
+	}
+	short, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err = l.Allow(short, "k")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	for range callers {
+		res := <-results
+		assert.True(t, res.Degraded && !res.Allowed, "FailClosed, the clock unknown")
+	}
+	assert.Less(t, st.reads.Load(), int64(callers), "the callers shared reads")
+}
+
+// clockHungStore is a memory store whose clock never answers: each read
+// waits until its context ends.
+type clockHungStore struct {
+	*store.Memory
+	reads atomic.Int64
+}
+
+func (s *clockHungStore) Time(ctx context.Context) (time.Time, error) {
+	s.reads.Add(1)
+	<-ctx.Done()
+	return time.Time{}, ctx.Err()
+}

@@ -101,3 +101,33 @@ func TestSyncCallerGivesUp(t *testing.T) {
 		})
 	}
 }
+
+// A caller whose context ends only after the store has had half of
+// StoreTimeout to answer gave up on a store that is failing: a hung store
+// is marked failing, whatever the caller's deadline.
+func TestSyncCallerGivesUpOnAHungStore(t *testing.T) {
+	mem := &hungStore{Memory: store.NewMemory(nil)}
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules:         []hybridlimit.Rule{{Limit: 3, Window: time.Hour}},
+		Mode:          hybridlimit.ModeAsync,
+		Store:         mem,
+		FailurePolicy: hybridlimit.FailClosed,
+		Manual:        true,
+		StoreTimeout:  100 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	require.NoError(t, l.Sync(ctx)) // reads the store's clock
+	_, err = l.Allow(ctx, "k")
+	require.NoError(t, err)
+	mem.hung.Store(true)
+	late, cancel := context.WithTimeout(ctx, 80*time.Millisecond) // past StoreTimeout/2
+	defer cancel()
+	require.Error(t, l.Sync(late))
+	mem.hung.Store(false)
+	assert.True(t, l.Stats().StoreFailing)
+	res, err := l.Allow(ctx, "k")
+	require.NoError(t, err)
+	assert.True(t, res.Degraded && !res.Allowed, "FailClosed denies")
+}

@@ -49,12 +49,21 @@ func (l *Loop) Flush(ctx context.Context) error {
 	for _, t := range l.cfg.Tables {
 		t.Close()
 	}
-	l.noteFailing(l.sendAll(ctx, l.all(), true))
+	// Nothing is pushed before the store's clock is known (FirstClock):
+	// the first pass, over every entry, waits for it, unless no increment
+	// waits for the store.
+	n, _ := l.unsynced()
+	clockFree := n == 0 && len(l.doubt) == 0 // nothing to push
+	first := true
 	wait := 10 * time.Millisecond
 	for {
+		if first && (clockFree || l.FirstClock(ctx) == nil) {
+			l.noteFailing(l.sendAll(ctx, l.all(), true))
+			first = false
+		}
 		// What failed went back to its entries, which are queued again.
 		l.noteFailing(l.landDone())
-		if !l.touched() && len(l.doubt) == 0 && len(l.flights) == 0 {
+		if !first && !l.touched() && len(l.doubt) == 0 && len(l.flights) == 0 {
 			if l.refusal != nil {
 				return l.unflushed(l.refusal)
 			}
@@ -76,8 +85,10 @@ func (l *Loop) Flush(ctx context.Context) error {
 		// Final takes again: an entry that a decision racing with Close
 		// created or touched after the first pass is sealed now, so that
 		// what this pass pushes is what the decisions report admitted.
-		res, _ := l.sendTouched(ctx, true)
-		l.noteFailing(res)
+		if !first {
+			res, _ := l.sendTouched(ctx, true)
+			l.noteFailing(res)
+		}
 	}
 }
 

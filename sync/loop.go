@@ -109,7 +109,8 @@ type Loop struct {
 	// clockKnown: a reading of the store's clock succeeded, or ClockSync
 	// is off (the node's own clock is the one to use).
 	clockKnown atomic.Bool
-	firstClock sync.Mutex // one first reading at a time (FirstClock)
+	firstMu    sync.Mutex
+	firstRead  *clockRead // FirstClock's last reading, under firstMu
 	failing    atomic.Bool
 	// failed holds the groups whose batches failed in the last cycle, or
 	// nil when the whole store failed (a probe).
@@ -197,25 +198,57 @@ func New(cfg Config) *Loop {
 // known: a reading succeeded, or ClockSync is off.
 func (l *Loop) ClockKnown() bool { return l.clockKnown.Load() }
 
+// clockRead is one reading of the store's clock by FirstClock: err is set
+// when done is closed.
+type clockRead struct {
+	done chan struct{}
+	err  error
+}
+
 // FirstClock reads the store's clock unless the offset is known (see
-// ClockKnown); concurrent callers wait for one reading. A failed reading
-// marks the store failing. The synchronous mode calls it before the
-// decisions it would otherwise make at the node's own instant, in another
-// window than the store's.
+// ClockKnown), and returns the reading's error. Concurrent callers share
+// the reading under way, made apart from any caller's context (bounded by
+// Timeout): each waits for it or for its own ctx to end, whose error it
+// then returns; a caller after a finished reading starts another. A failed
+// reading marks the store failing. The synchronous mode calls it
+// before the decisions it would otherwise make at the node's own instant,
+// in another window than the store's, and a cycle before pushing.
 func (l *Loop) FirstClock(ctx context.Context) error {
 	if l.clockKnown.Load() {
 		return nil
 	}
-	l.firstClock.Lock()
-	defer l.firstClock.Unlock()
+	l.firstMu.Lock()
 	if l.clockKnown.Load() {
+		l.firstMu.Unlock()
 		return nil
 	}
-	_, err := l.measureOffset(ctx)
-	if err != nil && ctx.Err() == nil {
-		l.failing.Store(true)
+	r := l.firstRead
+	if r != nil {
+		select {
+		case <-r.done:
+			r = nil // finished, and failed (the offset is not known): read again
+		default: // under way: wait for it
+		}
 	}
-	return err
+	if r == nil {
+		r = &clockRead{done: make(chan struct{})}
+		l.firstRead = r
+		go func() {
+			_, err := l.measureOffset(context.WithoutCancel(ctx))
+			if err != nil {
+				l.failing.Store(true)
+			}
+			r.err = err
+			close(r.done)
+		}()
+	}
+	l.firstMu.Unlock()
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Failing reports whether a batch failed in the last cycle whose calls returned.
@@ -313,12 +346,15 @@ func (l *Loop) cycle(ctx context.Context, whole bool) error {
 		// Called by hand (Limiter.Sync): no push into the windows of a
 		// guessed clock either (Run cycles only once the clock is known).
 		if err := l.FirstClock(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
 			return fmt.Errorf("%w (%w)", err, errNoneApplied)
 		}
 	}
 	l.cycleFailed = l.stillFailing()
 	landed := l.landDone()
-	if !l.touched() && len(l.doubt) == 0 && landed.applied+landed.failed == 0 {
+	if !l.touched() && len(l.doubt) == 0 && landed.applied+landed.failed+landed.gone == 0 {
 		if len(l.flights) > 0 {
 			return nil // nothing to send, and an answer to wait for
 		}
@@ -337,7 +373,7 @@ func (l *Loop) cycle(ctx context.Context, whole bool) error {
 	l.noteFailing(res)
 	failed := l.cycleFailed
 	l.failed.Store(&failed)
-	if res.applied == 0 && res.failed > 0 && !res.gone {
+	if res.applied == 0 && res.failed > 0 {
 		res.down = l.probe(ctx) != nil // a failed probe marks every group failing
 	}
 	end := l.cfg.Clock.Now()
@@ -350,12 +386,10 @@ func (l *Loop) cycle(ctx context.Context, whole bool) error {
 }
 
 // noteFailing sets Failing from the calls that returned in a cycle, res:
-// whether some batch failed, as long as one returned and the caller did
-// not give up on a call (its context ended) before it returned.
+// whether some batch failed, as long as one returned (the failures of
+// calls the caller gave up on early, res.gone, say nothing of the store).
 func (l *Loop) noteFailing(res result) {
 	switch {
-	case res.gone:
-		// Failures of the caller's making say nothing of the store.
 	case res.failed > 0:
 		l.failing.Store(true)
 	case res.applied > 0:
@@ -387,16 +421,17 @@ type result struct {
 	applied, failed int // batches
 	first           error
 	down            bool // nothing applied, and the store failed a probe
-	// gone: the context of a call ended before the call returned (the
-	// caller of Limiter.Sync or Close gave up, or the loop stopped), so
-	// its failures may be the caller's, not the store's.
-	gone bool
+	// gone counts the batches not applied in calls whose caller gave up
+	// early (its context ended within half of Timeout: Limiter.Sync's or
+	// Close's caller, or the loop stopping): the failure may be the
+	// caller's, not the store's.
+	gone int
 }
 
 func (r *result) add(o result) {
 	r.applied += o.applied
 	r.failed += o.failed
-	r.gone = r.gone || o.gone
+	r.gone += o.gone
 	if r.first == nil {
 		r.first = o.first
 	}
@@ -481,7 +516,8 @@ func (l *Loop) measureOffset(parent context.Context) (bool, error) {
 // to max(5s, Rate) while no batch reaches the store) and measures the
 // clock offset every ClockSync, until stop is closed. It measures the
 // offset once before the first cycle and, until a reading succeeds, again
-// at each cycle, which it skips meanwhile (marking the store failing).
+// at each cycle (every ClockSync, if that is shorter than Rate), skipping
+// the cycles meanwhile (marking the store failing).
 func (l *Loop) Run(stop <-chan struct{}) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -142,7 +142,7 @@ type flight struct {
 	ops     int
 	latency time.Duration
 	err     error
-	gone    bool // the caller's context ended before the call returned
+	gone    bool // the caller gave up on the call early (see call)
 	done    chan struct{}
 }
 
@@ -274,9 +274,14 @@ func (l *Loop) call(ctx context.Context, f *flight) {
 	if f.err == nil {
 		f.err = cctx.Err()
 	}
-	f.gone = ctx.Err() != nil
 	cancel()
 	f.latency = l.cfg.Clock.Now().Sub(start)
+	// The caller's context ended (Limiter.Sync's, Close's, or the loop
+	// stopping) before the store had half of Timeout to answer, what the
+	// synchronous mode gives it too: a failure may be the caller's alone.
+	// Past that, a store that has not answered is failing, whatever the
+	// caller's deadline.
+	f.gone = ctx.Err() != nil && f.latency < l.cfg.Timeout/2
 }
 
 // waitFlights waits until every call under way (a flight) has returned,
@@ -319,10 +324,10 @@ func (l *Loop) land(f *flight) result {
 		}
 	}
 	l.stats.calls.Add(1)
-	// A call whose caller gave up (its context ended) may have failed for
-	// that alone: its failures mark no group failing and are not reported
-	// as the store's; they go out again as any failure does.
-	res := result{gone: f.gone}
+	// A call whose caller gave up early (see call) may have failed for that
+	// alone: its failures (gone, not failed) mark no group failing and are
+	// not reported as the store's; they go out again as any failure does.
+	var res result
 	for _, b := range batches {
 		switch b.sb.Status {
 		case store.Applied:
@@ -349,7 +354,11 @@ func (l *Loop) land(f *flight) result {
 			b.doubt = true
 			fallthrough
 		default:
-			res.failed++
+			if f.gone {
+				res.gone++
+			} else {
+				res.failed++
+			}
 			if res.first == nil {
 				res.first = b.sb.Err
 			}
@@ -370,11 +379,11 @@ func (l *Loop) land(f *flight) result {
 		}
 	}
 	l.stats.doubt.Store(int64(len(l.doubt)))
-	if res.failed > 0 {
+	if res.failed+res.gone > 0 {
 		if res.first == nil {
 			res.first = errors.New("store: batch not applied")
 		}
-		if !f.gone {
+		if res.failed > 0 {
 			l.report(res.first)
 		}
 	} else {
@@ -382,7 +391,7 @@ func (l *Loop) land(f *flight) result {
 	}
 	if l.cfg.OnSync != nil {
 		var err error
-		if res.failed > 0 {
+		if res.failed+res.gone > 0 {
 			err = res.first
 		}
 		l.cfg.OnSync(latency, ops, err)
