@@ -178,3 +178,28 @@ func (s *clockHungStore) Time(ctx context.Context) (time.Time, error) {
 	<-ctx.Done()
 	return time.Time{}, ctx.Err()
 }
+
+// A first clock read a decision started ends with Close: no store error
+// is reported once Close has returned.
+func TestFirstClockReadEndsWithClose(t *testing.T) {
+	st := &clockHungStore{Memory: store.NewMemory(nil)}
+	var onError atomic.Int64
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules:         []hybridlimit.Rule{{Limit: 5, Window: time.Hour}},
+		Mode:          hybridlimit.ModeSynchronous,
+		Store:         st,
+		FailurePolicy: hybridlimit.FailClosed,
+		Manual:        true,
+		StoreTimeout:  300 * time.Millisecond,
+		OnError:       func(error) { onError.Add(1) },
+	})
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	_, err = l.Allow(short, "k")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, l.Close(context.Background()))
+	atClose := onError.Load()
+	time.Sleep(500 * time.Millisecond) // past the read's StoreTimeout
+	assert.Equal(t, atClose, onError.Load(), "OnError after Close returned")
+}

@@ -165,7 +165,12 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 // request.
 // It makes a store round trip in ModeSynchronous only.
 func (l *Limiter) PeekN(ctx context.Context, key string, n int64) (Result, error) {
-	t, kp, err := l.route(key, n, "PeekN")
+	return l.peek(ctx, key, n, "PeekN")
+}
+
+// peek is PeekN; op names the method in errors.
+func (l *Limiter) peek(ctx context.Context, key string, n int64, op string) (Result, error) {
+	t, kp, err := l.route(key, n, op)
 	if err != nil {
 		return Result{Rule: -1}, err
 	}
@@ -214,7 +219,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error
 		var res Result
 		var err error
 		if peek {
-			if res, err = l.PeekN(ctx, key, n); err == nil && res.Allowed {
+			if res, err = l.peek(ctx, key, n, "WaitN"); err == nil && res.Allowed {
 				peek = false
 				continue // decide
 			}

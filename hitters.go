@@ -137,7 +137,7 @@ type hitters struct {
 // empty tag counts nothing; a tag longer than Config.MaxKeyLen counts as
 // its first MaxKeyLen bytes (a tag taken from requests cannot grow the
 // node's or the store's memory past that). It does not allocate, but for
-// the first such decision on a key.
+// the first such decision on a key, and for a tag cut so.
 func (l *Limiter) AllowTagged(ctx context.Context, key, tag string, n int64) (Result, error) {
 	res, err := l.AllowN(ctx, key, n)
 	if err == nil && tag != "" && (!res.Allowed || res.Remaining <= l.capacity(&res)/4) {

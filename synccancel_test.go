@@ -2,6 +2,7 @@ package hybridlimit_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -130,4 +131,65 @@ func TestSyncCallerGivesUpOnAHungStore(t *testing.T) {
 	res, err := l.Allow(ctx, "k")
 	require.NoError(t, err)
 	assert.True(t, res.Degraded && !res.Allowed, "FailClosed denies")
+}
+
+// After a push the store held past half of StoreTimeout, when the
+// caller's context has ended, the cycle does not probe the store on that
+// context (the probe would fail without reaching it, mark every group
+// failing and report the caller's deadline): only the hung push's group
+// fails, and one error is reported.
+func TestSyncNoProbeOnTheCallersEndedContext(t *testing.T) {
+	mem := store.NewMemory(nil)
+	other := "x"
+	for i := 0; mem.Group(other) == mem.Group("k"); i++ {
+		other = fmt.Sprintf("x%d", i)
+	}
+	st := &groupHungStore{Memory: mem, group: mem.Group("k")}
+	var onError atomic.Int64
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules:         []hybridlimit.Rule{{Limit: 3, Window: time.Hour}},
+		Mode:          hybridlimit.ModeAsync,
+		Store:         st,
+		FailurePolicy: hybridlimit.FailClosed,
+		Manual:        true,
+		StoreTimeout:  100 * time.Millisecond,
+		OnError:       func(error) { onError.Add(1) },
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_ = l.Close(ctx)
+	})
+	ctx := context.Background()
+	require.NoError(t, l.Sync(ctx)) // reads the store's clock
+	_, err = l.Allow(ctx, "k")
+	require.NoError(t, err)
+	late, cancel := context.WithTimeout(ctx, 80*time.Millisecond) // past StoreTimeout/2, within StoreTimeout
+	defer cancel()
+	require.Error(t, l.Sync(late))
+	res, err := l.Allow(ctx, other)
+	require.NoError(t, err)
+	assert.True(t, res.Allowed, "a key of a group the store serves")
+	assert.Equal(t, int64(1), onError.Load(), "the hung push's error only")
+}
+
+// groupHungStore is a memory store that never answers a push carrying a
+// batch of group: it waits until its context ends, in doubt.
+type groupHungStore struct {
+	*store.Memory
+	group int
+}
+
+func (s *groupHungStore) Push(ctx context.Context, bs []*store.Batch) error {
+	for _, b := range bs {
+		if b.Group == s.group {
+			<-ctx.Done()
+			for _, b := range bs {
+				b.Status, b.Err = store.InDoubt, ctx.Err()
+			}
+			return nil
+		}
+	}
+	return s.Memory.Push(ctx, bs)
 }

@@ -144,3 +144,37 @@ func TestWaitNUnrelatedPolicyChangesCountNothing(t *testing.T) {
 	assert.False(t, res.Blocked, "banned by denials the changes made")
 	assert.Equal(t, uint64(1), l.Stats().Denied, "the wait's one denial")
 }
+
+// A wait woken by a change that moves its key into a tier where the cost
+// can never be admitted returns WaitN's input error.
+func TestWaitNWokenInputErrorNamesWaitN(t *testing.T) {
+	mc := clock.NewMock()
+	mc.Set(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	l, err := hybridlimit.New(hybridlimit.Config{
+		Rules:  []hybridlimit.Rule{{Limit: 5, Window: time.Hour}},
+		Tiers:  map[string][]hybridlimit.Rule{"small": {{Limit: 2, Window: time.Hour}}},
+		Clock:  mc,
+		Manual: true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	for range 5 {
+		_, err := l.Allow(ctx, "k")
+		require.NoError(t, err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.WaitN(ctx, "k", 3)
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, l.SetOverride(ctx, "k", "small", 0))
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, hybridlimit.ErrCost)
+		assert.ErrorContains(t, err, "WaitN(n=3)")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait did not wake")
+	}
+}

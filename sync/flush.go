@@ -42,6 +42,7 @@ func (l *Loop) Flush(ctx context.Context) error {
 		for _, t := range l.cfg.Tables {
 			t.FlushDone()
 		}
+		l.stopFirstClock()
 	}()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -50,14 +51,20 @@ func (l *Loop) Flush(ctx context.Context) error {
 		t.Close()
 	}
 	// Nothing is pushed before the store's clock is known (FirstClock):
-	// the first pass, over every entry, waits for it, unless no increment
-	// waits for the store.
-	n, _ := l.unsynced()
-	clockFree := n == 0 && len(l.doubt) == 0 // nothing to push
+	// each pass waits for it, unless no increment waits for the store.
+	canPush := func() bool {
+		if l.clockKnown.Load() {
+			return true
+		}
+		if n, _ := l.unsynced(); n == 0 && len(l.doubt) == 0 {
+			return true // nothing to push
+		}
+		return l.FirstClock(ctx) == nil
+	}
 	first := true
 	wait := 10 * time.Millisecond
 	for {
-		if first && (clockFree || l.FirstClock(ctx) == nil) {
+		if first && canPush() {
 			l.noteFailing(l.sendAll(ctx, l.all(), true))
 			first = false
 		}
@@ -85,7 +92,7 @@ func (l *Loop) Flush(ctx context.Context) error {
 		// Final takes again: an entry that a decision racing with Close
 		// created or touched after the first pass is sealed now, so that
 		// what this pass pushes is what the decisions report admitted.
-		if !first {
+		if !first && canPush() {
 			res, _ := l.sendTouched(ctx, true)
 			l.noteFailing(res)
 		}

@@ -111,7 +111,10 @@ type Loop struct {
 	clockKnown atomic.Bool
 	firstMu    sync.Mutex
 	firstRead  *clockRead // FirstClock's last reading, under firstMu
-	failing    atomic.Bool
+	// firstStop ends FirstClock's reading under way (Flush: no store
+	// call or OnError after Close), under firstMu.
+	firstStop context.CancelFunc
+	failing   atomic.Bool
 	// failed holds the groups whose batches failed in the last cycle, or
 	// nil when the whole store failed (a probe).
 	failed      atomic.Pointer[map[int]bool]
@@ -233,9 +236,12 @@ func (l *Loop) FirstClock(ctx context.Context) error {
 	if r == nil {
 		r = &clockRead{done: make(chan struct{})}
 		l.firstRead = r
+		rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		l.firstStop = stop
 		go func() {
-			_, err := l.measureOffset(context.WithoutCancel(ctx))
-			if err != nil {
+			defer stop()
+			_, err := l.measureOffset(rctx)
+			if err != nil && rctx.Err() == nil {
 				l.failing.Store(true)
 			}
 			r.err = err
@@ -248,6 +254,16 @@ func (l *Loop) FirstClock(ctx context.Context) error {
 		return r.err
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+// stopFirstClock ends FirstClock's reading under way, if any: it reports
+// nothing more.
+func (l *Loop) stopFirstClock() {
+	l.firstMu.Lock()
+	defer l.firstMu.Unlock()
+	if l.firstStop != nil {
+		l.firstStop()
 	}
 }
 
@@ -373,7 +389,9 @@ func (l *Loop) cycle(ctx context.Context, whole bool) error {
 	l.noteFailing(res)
 	failed := l.cycleFailed
 	l.failed.Store(&failed)
-	if res.applied == 0 && res.failed > 0 {
+	if res.applied == 0 && res.failed > 0 && ctx.Err() == nil {
+		// (A probe on the caller's ended context would fail without
+		// reaching the store.)
 		res.down = l.probe(ctx) != nil // a failed probe marks every group failing
 	}
 	end := l.cfg.Clock.Now()
