@@ -75,10 +75,11 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // ignores ctx; in ModeSynchronous it makes one round trip to the store
 // (shared with concurrent decisions) and returns ctx's error if ctx is done
 // before it starts, or, for a node's first decisions, before its first
-// read of the store's clock returns (see Config.ClockSync). The error is non-nil only for invalid input (an empty or
-// oversized key, n < 1 or n above what some rule of the key's tier admits at
-// once: its Limit, or a bucket's Burst; a tier named by Config.TierOf that
-// is not in Config.Tiers), after Close, or for a done ctx;
+// read of the store's clock returns (see Config.ClockSync). The error is
+// non-nil only for invalid input (an empty or oversized key, n < 1 or n
+// above what some rule of the key's tier admits at once: its Limit, or a
+// bucket's Burst; a tier named by Config.TierOf that is not in
+// Config.Tiers), after Close, or for a done ctx;
 // store failures are decided by the FailurePolicy and reported in
 // Result.Degraded.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (res Result, err error) {
@@ -204,7 +205,9 @@ func (l *Limiter) Wait(ctx context.Context, key string) (Result, error) {
 // while waiting, or at once, consuming nothing, if ctx is done already.
 // Time is measured on the configured Clock. A change of the policies this
 // node sees (Unblock, SetOverride, RemoveOverride, here or, within a sync
-// period, on another node) ends a wait early, to decide again.
+// period, on another node) ends a wait early: the request is looked at
+// again (as PeekN does, counting nothing) and decided once it would be
+// admitted.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{Rule: -1}, err

@@ -62,7 +62,7 @@ type policies struct {
 	version uint64
 	loaded  bool
 	// changed is closed, and replaced, each time reload installs a new
-	// reading: a WaitN waiting out a block or its tier's limit decides
+	// reading: a WaitN waiting out a block or its tier's limit looks
 	// again (nil until changes or reload first sets it).
 	changed atomic.Pointer[chan struct{}]
 }

@@ -47,7 +47,8 @@ type Config struct {
 	// Timeout bounds every store call.
 	Timeout time.Duration
 	// ClockSync is the period of MeasureOffset in Run; 0 or less: never,
-	// and the node's own clock is the one to use (ClockKnown).
+	// and the node's own clock is the one to use (FirstClock reads
+	// nothing).
 	ClockSync time.Duration
 	// OnError, OnSync, Logger and LogEvery report store errors and
 	// cycles; see hybridlimit.Config.
@@ -197,10 +198,6 @@ func New(cfg Config) *Loop {
 	return l
 }
 
-// ClockKnown reports whether the node's clock offset to the store's is
-// known: a reading succeeded, or ClockSync is off.
-func (l *Loop) ClockKnown() bool { return l.clockKnown.Load() }
-
 // clockRead is one reading of the store's clock by FirstClock: err is set
 // when done is closed.
 type clockRead struct {
@@ -208,8 +205,8 @@ type clockRead struct {
 	err  error
 }
 
-// FirstClock reads the store's clock unless the offset is known (see
-// ClockKnown), and returns the reading's error. Concurrent callers share
+// FirstClock reads the store's clock unless the offset is known (a
+// reading succeeded, or ClockSync is off), and returns the reading's error. Concurrent callers share
 // the reading under way, made apart from any caller's context (bounded by
 // Timeout): each waits for it or for its own ctx to end, whose error it
 // then returns; a caller after a finished reading starts another. A failed

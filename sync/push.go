@@ -269,7 +269,7 @@ func (l *Loop) call(ctx context.Context, f *flight) {
 	// A large call gets time in proportion: 10µs per operation on top of
 	// Timeout (100k counters: +1s).
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout+time.Duration(f.ops)*10*time.Microsecond)
-	start := l.cfg.Clock.Now()
+	start, wall := l.cfg.Clock.Now(), time.Now()
 	f.err = l.cfg.Store.Push(cctx, sbs)
 	if f.err == nil {
 		f.err = cctx.Err()
@@ -281,7 +281,7 @@ func (l *Loop) call(ctx context.Context, f *flight) {
 	// synchronous mode gives it too: a failure may be the caller's alone.
 	// Past that, a store that has not answered is failing, whatever the
 	// caller's deadline.
-	f.gone = ctx.Err() != nil && f.latency < l.cfg.Timeout/2
+	f.gone = ctx.Err() != nil && time.Since(wall) < l.cfg.Timeout/2 // contexts run on wall time
 }
 
 // waitFlights waits until every call under way (a flight) has returned,
