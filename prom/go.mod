@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125131106-94a190fbe238
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125132238-1642dd5e455e
 	github.com/stretchr/testify v1.12.1
 )
 
