@@ -45,18 +45,13 @@ func TestSynchronousFirstDecisionReadsTheClock(t *testing.T) {
 			}
 			pfx := redistest.Prefix(t)
 			node := func(clk clock.Clock) *hybridlimit.Limiter {
-				l, err := hybridlimit.New(hybridlimit.Config{
-					Rules:         []hybridlimit.Rule{{Limit: 5, Window: time.Hour, Type: hybridlimit.Fixed}},
-					Mode:          hybridlimit.ModeSynchronous,
-					Store:         newRedisStore(t, c),
-					Prefix:        pfx,
-					FailurePolicy: hybridlimit.FailClosed,
-					Clock:         clk,
-					Manual:        true,
+				return failClosedNode(t, hybridlimit.Config{
+					Rules:  []hybridlimit.Rule{{Limit: 5, Window: time.Hour, Type: hybridlimit.Fixed}},
+					Mode:   hybridlimit.ModeSynchronous,
+					Store:  newRedisStore(t, c),
+					Prefix: pfx,
+					Clock:  clk,
 				})
-				require.NoError(t, err)
-				t.Cleanup(func() { _ = l.Close(context.Background()) })
-				return l
 			}
 			ma, mb := clock.NewMock(), clock.NewMock()
 			ma.Set(now)
@@ -136,16 +131,12 @@ func (c aheadClock) Until(t time.Time) time.Duration { return t.Sub(c.Now()) }
 // store has not decided (FailClosed: denied, Degraded).
 func TestSynchronousFirstClockReadIsShared(t *testing.T) {
 	st := &clockHungStore{Memory: store.NewMemory(nil)}
-	l, err := hybridlimit.New(hybridlimit.Config{
-		Rules:         []hybridlimit.Rule{{Limit: 5, Window: time.Hour}},
-		Mode:          hybridlimit.ModeSynchronous,
-		Store:         st,
-		FailurePolicy: hybridlimit.FailClosed,
-		Manual:        true,
-		StoreTimeout:  200 * time.Millisecond,
+	l := failClosedNode(t, hybridlimit.Config{
+		Rules:        []hybridlimit.Rule{{Limit: 5, Window: time.Hour}},
+		Mode:         hybridlimit.ModeSynchronous,
+		Store:        st,
+		StoreTimeout: 200 * time.Millisecond,
 	})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	const callers = 10
 	results := make(chan hybridlimit.Result, callers)
 	for range callers {
@@ -157,7 +148,7 @@ func TestSynchronousFirstClockReadIsShared(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	_, err = l.Allow(short, "k")
+	_, err := l.Allow(short, "k")
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	for range callers {
 		res := <-results
@@ -184,19 +175,16 @@ func (s *clockHungStore) Time(ctx context.Context) (time.Time, error) {
 func TestFirstClockReadEndsWithClose(t *testing.T) {
 	st := &clockHungStore{Memory: store.NewMemory(nil)}
 	var onError atomic.Int64
-	l, err := hybridlimit.New(hybridlimit.Config{
-		Rules:         []hybridlimit.Rule{{Limit: 5, Window: time.Hour}},
-		Mode:          hybridlimit.ModeSynchronous,
-		Store:         st,
-		FailurePolicy: hybridlimit.FailClosed,
-		Manual:        true,
-		StoreTimeout:  300 * time.Millisecond,
-		OnError:       func(error) { onError.Add(1) },
+	l := failClosedNode(t, hybridlimit.Config{
+		Rules:        []hybridlimit.Rule{{Limit: 5, Window: time.Hour}},
+		Mode:         hybridlimit.ModeSynchronous,
+		Store:        st,
+		StoreTimeout: 300 * time.Millisecond,
+		OnError:      func(error) { onError.Add(1) },
 	})
-	require.NoError(t, err)
 	short, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	_, err = l.Allow(short, "k")
+	_, err := l.Allow(short, "k")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.NoError(t, l.Close(context.Background()))
 	atClose := onError.Load()

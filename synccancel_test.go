@@ -45,19 +45,15 @@ func TestSyncCallerGivesUp(t *testing.T) {
 			mc.Set(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 			mem := &hungStore{Memory: store.NewMemory(mc)}
 			var onError atomic.Int64
-			a, err := hybridlimit.New(hybridlimit.Config{
-				Rules:         []hybridlimit.Rule{{Limit: 3, Window: time.Hour}},
-				Mode:          hybridlimit.ModeAsync,
-				Store:         mem,
-				Prefix:        "t",
-				FailurePolicy: hybridlimit.FailClosed,
-				Clock:         mc,
-				Manual:        true,
-				StoreTimeout:  10 * time.Second,
-				OnError:       func(error) { onError.Add(1) },
+			a := failClosedNode(t, hybridlimit.Config{
+				Rules:        []hybridlimit.Rule{{Limit: 3, Window: time.Hour}},
+				Mode:         hybridlimit.ModeAsync,
+				Store:        mem,
+				Prefix:       "t",
+				Clock:        mc,
+				StoreTimeout: 10 * time.Second,
+				OnError:      func(error) { onError.Add(1) },
 			})
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = a.Close(context.Background()) })
 			ctx := context.Background()
 			allow := func(key string) hybridlimit.Result {
 				t.Helper()
@@ -72,7 +68,7 @@ func TestSyncCallerGivesUp(t *testing.T) {
 			mem.hung.Store(c.under)
 			gone, cancel := c.ctx()
 			defer cancel()
-			err = a.Sync(gone)
+			err := a.Sync(gone)
 			require.Error(t, err)
 			assert.ErrorIs(t, err, gone.Err())
 			mem.hung.Store(false)
@@ -108,19 +104,15 @@ func TestSyncCallerGivesUp(t *testing.T) {
 // is marked failing, whatever the caller's deadline.
 func TestSyncCallerGivesUpOnAHungStore(t *testing.T) {
 	mem := &hungStore{Memory: store.NewMemory(nil)}
-	l, err := hybridlimit.New(hybridlimit.Config{
-		Rules:         []hybridlimit.Rule{{Limit: 3, Window: time.Hour}},
-		Mode:          hybridlimit.ModeAsync,
-		Store:         mem,
-		FailurePolicy: hybridlimit.FailClosed,
-		Manual:        true,
-		StoreTimeout:  100 * time.Millisecond,
+	l := failClosedNode(t, hybridlimit.Config{
+		Rules:        []hybridlimit.Rule{{Limit: 3, Window: time.Hour}},
+		Mode:         hybridlimit.ModeAsync,
+		Store:        mem,
+		StoreTimeout: 100 * time.Millisecond,
 	})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	ctx := context.Background()
 	require.NoError(t, l.Sync(ctx)) // reads the store's clock
-	_, err = l.Allow(ctx, "k")
+	_, err := l.Allow(ctx, "k")
 	require.NoError(t, err)
 	mem.hung.Store(true)
 	late, cancel := context.WithTimeout(ctx, 80*time.Millisecond) // past StoreTimeout/2
@@ -146,24 +138,16 @@ func TestSyncNoProbeOnTheCallersEndedContext(t *testing.T) {
 	}
 	st := &groupHungStore{Memory: mem, group: mem.Group("k")}
 	var onError atomic.Int64
-	l, err := hybridlimit.New(hybridlimit.Config{
-		Rules:         []hybridlimit.Rule{{Limit: 3, Window: time.Hour}},
-		Mode:          hybridlimit.ModeAsync,
-		Store:         st,
-		FailurePolicy: hybridlimit.FailClosed,
-		Manual:        true,
-		StoreTimeout:  100 * time.Millisecond,
-		OnError:       func(error) { onError.Add(1) },
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		defer cancel()
-		_ = l.Close(ctx)
+	l := failClosedNode(t, hybridlimit.Config{
+		Rules:        []hybridlimit.Rule{{Limit: 3, Window: time.Hour}},
+		Mode:         hybridlimit.ModeAsync,
+		Store:        st,
+		StoreTimeout: 100 * time.Millisecond,
+		OnError:      func(error) { onError.Add(1) },
 	})
 	ctx := context.Background()
 	require.NoError(t, l.Sync(ctx)) // reads the store's clock
-	_, err = l.Allow(ctx, "k")
+	_, err := l.Allow(ctx, "k")
 	require.NoError(t, err)
 	late, cancel := context.WithTimeout(ctx, 80*time.Millisecond) // past StoreTimeout/2, within StoreTimeout
 	defer cancel()
@@ -192,4 +176,19 @@ func (s *groupHungStore) Push(ctx context.Context, bs []*store.Batch) error {
 		}
 	}
 	return s.Memory.Push(ctx, bs)
+}
+
+// failClosedNode returns a limiter on cfg, made Manual and FailClosed,
+// closed (within a second) when the test ends.
+func failClosedNode(t *testing.T, cfg hybridlimit.Config) *hybridlimit.Limiter {
+	t.Helper()
+	cfg.FailurePolicy, cfg.Manual = hybridlimit.FailClosed, true
+	l, err := hybridlimit.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = l.Close(ctx)
+	})
+	return l
 }
