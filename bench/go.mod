@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/benbjohnson/clock v1.3.5
 	github.com/go-redis/redis_rate/v10 v10.0.1
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125132238-1642dd5e455e
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125133351-2964f4ba158d
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/sethvargo/go-limiter v0.7.1
 	github.com/stretchr/testify v1.12.1

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/benbjohnson/clock v1.3.5
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125132238-1642dd5e455e
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125133351-2964f4ba158d
 	github.com/stretchr/testify v1.12.1
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261026165753-2ffab32bce7e
 	google.golang.org/grpc v1.85.0

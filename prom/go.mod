@@ -3,7 +3,7 @@ module github.com/hybridlimit/hybridlimit/prom
 go 1.26.0
 
 require (
-	github.com/hybridlimit/hybridlimit v0.0.0-20261125132238-1642dd5e455e
+	github.com/hybridlimit/hybridlimit v0.0.0-20261125133351-2964f4ba158d
 	github.com/stretchr/testify v1.12.1
 )
 
